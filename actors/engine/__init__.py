@@ -1,0 +1,1 @@
+"""dynask.actors.engine."""

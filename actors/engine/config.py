@@ -1,0 +1,95 @@
+"""The built-in engine's settings, validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the built-in engine needs besides the requests.
+
+    ``kv_cache_gib`` sizes the KV cache on a CPU; on a GPU the cache takes what is left of
+    ``gpu_memory_utilization`` of the device after the weights. ``num_kv_blocks`` overrides
+    both (tests use it for tiny budgets). ``max_model_len`` defaults to the model's own
+    limit and is clamped to what the cache can hold.
+    """
+
+    model: str | None = None  # HF folder, .gguf file or hub id; None = bundled SmolLM2
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    dtype: str = "auto"  # auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16 | float16
+    block_size: int = 16
+    kv_cache_gib: float = 1.0
+    gpu_memory_utilization: float = 0.9
+    num_kv_blocks: int | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    enable_prefix_caching: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check(self.block_size >= 1, "block_size", self.block_size, "an integer >= 1")
+        _check(self.kv_cache_gib > 0, "kv_cache_gib", self.kv_cache_gib, "a number > 0")
+        _check(
+            0 < self.gpu_memory_utilization <= 1,
+            "gpu_memory_utilization",
+            self.gpu_memory_utilization,
+            "a number in (0, 1]",
+        )
+        _check(
+            self.num_kv_blocks is None or self.num_kv_blocks >= 1,
+            "num_kv_blocks",
+            self.num_kv_blocks,
+            "an integer >= 1",
+        )
+        _check(
+            self.max_model_len is None or self.max_model_len >= 2,
+            "max_model_len",
+            self.max_model_len,
+            "an integer >= 2",
+        )
+        _check(self.max_num_seqs >= 1, "max_num_seqs", self.max_num_seqs, "an integer >= 1")
+        _check(
+            self.max_num_batched_tokens >= 1,
+            "max_num_batched_tokens",
+            self.max_num_batched_tokens,
+            "an integer >= 1",
+        )
+        _check(
+            self.dtype == "auto" or self.dtype in _DTYPES,
+            "dtype",
+            self.dtype,
+            f"one of auto, {', '.join(_DTYPES)}",
+        )
+        _check(
+            self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda"),
+            "device",
+            self.device,
+            "auto, cpu, cuda or cuda:N",
+        )
+
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = torch.device(self.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(
+                f"EngineConfig 'device' has value {self.device!r}, but no CUDA GPU "
+                "is available here; use device='cpu' or 'auto'"
+            )
+        return device
+
+    def torch_dtype(self, device: torch.device) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return _DTYPES[self.dtype]
+
+
+def _check(ok: bool, name: str, value: object, expected: str) -> None:
+    if not ok:
+        raise ValueError(f"EngineConfig '{name}' has value {value!r}; expected {expected}")

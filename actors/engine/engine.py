@@ -1,0 +1,275 @@
+"""The built-in engine: paged KV cache, continuous batching, prefix caching.
+
+One step reads as three calls — ``scheduler.schedule()`` → ``runner.run(chunks)`` →
+``scheduler.postprocess(out, tokens)`` — followed by handing each request its delta.
+Other threads talk to the engine only through a thread-safe inbox (add, abort), so the
+scheduler, block pool and model are touched by the engine thread alone; ``export_kv`` and
+``import_kv`` take the step lock instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dynask.actors.engine.config import EngineConfig
+from dynask.actors.engine.detokenizer import IncrementalDetokenizer
+from dynask.actors.engine.engine_parts import EngineParts, build_engine_parts
+from dynask.actors.engine.sampling import SamplingParams, make_generator
+from dynask.actors.engine.scheduler import Scheduler, SchedulerConfig
+from dynask.actors.engine.sequence import (
+    FinishReason,
+    RequestOutput,
+    Sequence,
+    SequenceStatus,
+)
+from dynask.actors.engine.stats import EngineStats
+from dynask.actors.engine.streams import RequestStream
+from dynask.kv.hashing import hash_seed
+
+log = logging.getLogger(__name__)
+
+OutputListener = Callable[[list[RequestOutput]], None]
+
+
+@dataclass(frozen=True)
+class _Abort:
+    request_id: str
+
+
+class LLMEngine:
+    """Serves generation requests for one model on one device."""
+
+    def __init__(self, config: EngineConfig, parts: EngineParts | None = None) -> None:
+        self.config = config
+        self.parts = parts or build_engine_parts(config)
+        self.tokenizer = self.parts.tokenizer
+        self.max_model_len = self.parts.plan.max_model_len
+        self.scheduler = Scheduler(
+            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len),
+            self.parts.kv_manager,
+            frozenset(self.parts.eos_token_ids),
+        )
+        self.kv_events = self.parts.event_log
+        self._inbox: queue.SimpleQueue[Sequence | _Abort] = queue.SimpleQueue()
+        self._streams: dict[str, RequestStream] = {}
+        self._sequences: dict[str, Sequence] = {}
+        self._listeners: list[OutputListener] = []
+        self._step_lock = threading.Lock()
+        self._wakeup = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._rng = torch.Generator().manual_seed(config.seed)
+        self._counters = {"steps": 0, "generated_tokens": 0, "prompt_tokens": 0}
+
+    # ---- the API other threads call -------------------------------------------------
+
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> RequestStream:
+        """Queues a request; its deltas arrive on the returned stream."""
+        params = params or SamplingParams()
+        token_ids = self._prompt_token_ids(prompt)
+        request_id = request_id or uuid.uuid4().hex
+        seq = Sequence(
+            request_id=request_id,
+            prompt_token_ids=token_ids,
+            params=params,
+            detokenizer=IncrementalDetokenizer(
+                self.tokenizer, token_ids, params.stop, params.skip_special_tokens
+            ),
+            generator=make_generator(params.seed, self._rng),
+            hash_seed=hash_seed(params.extra_keys),
+        )
+        stream = RequestStream(request_id, len(token_ids))
+        self._streams[request_id] = stream
+        self._inbox.put(seq)
+        self._wakeup.set()
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        """Cancels a request; its blocks are freed at the start of the next step."""
+        self._inbox.put(_Abort(request_id))
+        self._wakeup.set()
+
+    def add_output_listener(self, listener: OutputListener) -> None:
+        """Calls ``listener`` on the engine thread with every step's outputs (one call/step)."""
+        self._listeners.append(listener)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]]) -> list[int]:
+        """Token ids of a chat, with the model's template and the assistant prompt."""
+        ids = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True
+        )
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return [int(t) for t in ids]
+
+    def generate(
+        self, prompts: list[str] | list[list[int]], params: SamplingParams | None = None
+    ) -> list[RequestStream]:
+        """Runs prompts to completion (on the engine thread if started, else inline)."""
+        streams = [self.add_request(p, params) for p in prompts]
+        if self._thread is None:
+            while not all(s.finished for s in streams):
+                self.step()
+        for stream in streams:
+            stream.wait()
+        return streams
+
+    def stats(self) -> EngineStats:
+        pool = self.parts.kv_manager.pool
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            num_kv_blocks=pool.num_blocks,
+            num_free_kv_blocks=pool.num_free_blocks,
+            num_cached_kv_blocks=pool.num_cached_blocks,
+            kv_usage=pool.usage,
+            prefix_queried_tokens=self.scheduler.prefix_counters.queried_tokens,
+            prefix_hit_tokens=self.scheduler.prefix_counters.hit_tokens,
+            num_preemptions=self.scheduler.num_preemptions,
+            num_steps=self._counters["steps"],
+            prompt_tokens=self._counters["prompt_tokens"],
+            generated_tokens=self._counters["generated_tokens"],
+        )
+
+    def export_kv(self, block_ids: list[int]) -> torch.Tensor:
+        """KV of the given blocks (``[layers, 2, blocks, block_size, kv_heads, head_dim]``)."""
+        with self._step_lock:
+            return self.parts.runner.export_blocks(block_ids)
+
+    def import_kv(self, block_ids: list[int], kv: torch.Tensor) -> None:
+        """Writes KV produced by ``export_kv`` (possibly on another engine) into blocks."""
+        with self._step_lock:
+            self.parts.runner.import_blocks(block_ids, kv)
+
+    # ---- the engine thread ------------------------------------------------------------
+
+    def start(self) -> None:
+        """Runs the engine loop in its own thread until ``shutdown``."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="dynask-engine", daemon=True)
+            self._thread.start()
+
+    def shutdown(self) -> None:
+        self._stopping.set()
+        self._wakeup.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            if not self.scheduler.has_work() and self._inbox.empty():
+                self._wakeup.wait()
+                self._wakeup.clear()
+                continue
+            try:
+                self.step()
+            except Exception:
+                log.exception("engine step failed; aborting the requests in flight")
+                self._fail_in_flight()
+
+    def step(self) -> list[RequestOutput]:
+        """One scheduling step: schedule, run the model, apply results, emit deltas."""
+        with self._step_lock:
+            outputs = self._drain_inbox()
+            out = self.scheduler.schedule()
+            if out.chunks:
+                tokens = self.parts.runner.run(out.chunks)
+                advanced = self.scheduler.postprocess(out, tokens)
+                outputs += [self._delta(seq) for seq in advanced]
+                self._counters["generated_tokens"] += len(advanced)
+                self._counters["steps"] += 1
+        self._publish(outputs)
+        return outputs
+
+    def _drain_inbox(self) -> list[RequestOutput]:
+        outputs = []
+        while not self._inbox.empty():
+            item = self._inbox.get_nowait()
+            if isinstance(item, _Abort):
+                outputs += self._abort_now(item.request_id)
+            else:
+                self._sequences[item.request_id] = item
+                self._counters["prompt_tokens"] += len(item.prompt_token_ids)
+                self.scheduler.add(item)
+        return outputs
+
+    def _abort_now(self, request_id: str) -> list[RequestOutput]:
+        seq = self._sequences.get(request_id)
+        if seq is None or seq.status is SequenceStatus.FINISHED:
+            return []
+        self.scheduler.finish(seq, FinishReason.ABORT)
+        return [self._delta(seq)]
+
+    def _delta(self, seq: Sequence) -> RequestOutput:
+        finished = seq.status is SequenceStatus.FINISHED
+        new_tokens = seq.output_token_ids[-1:] if seq.output_token_ids else []
+        if seq.finish_reason is FinishReason.ABORT:
+            new_tokens = []
+        if finished:
+            self._sequences.pop(seq.request_id, None)
+        return RequestOutput(
+            request_id=seq.request_id,
+            text=seq.detokenizer.take(final=finished),
+            token_ids=tuple(new_tokens),
+            finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason,
+            usage=seq.usage() if finished else None,
+        )
+
+    def _publish(self, outputs: list[RequestOutput]) -> None:
+        for output in outputs:
+            stream = self._streams.get(output.request_id)
+            if stream is not None:
+                stream.put(output)
+                if output.finished:
+                    del self._streams[output.request_id]
+        if outputs:
+            for listener in self._listeners:
+                listener(outputs)
+
+    def _fail_in_flight(self) -> None:
+        with self._step_lock:
+            seqs = list(self.scheduler.running) + list(self.scheduler.waiting)
+            outputs = []
+            for seq in seqs:
+                self.scheduler.finish(seq, FinishReason.ABORT)
+                outputs.append(self._delta(seq))
+        self._publish(outputs)
+
+    def _prompt_token_ids(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            ids = [int(t) for t in self.tokenizer.encode(prompt)]
+        else:
+            ids = [int(t) for t in prompt]
+        vocab = self.parts.model_config.vocab_size
+        if not ids:
+            raise ValueError("the prompt is empty; send at least one token")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens, but this engine's context is "
+                f"{self.max_model_len} tokens (prompt plus output); shorten the prompt"
+            )
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
+        return ids
+
+    def iter_text(self, prompt: str | list[int], params: SamplingParams) -> Iterator[str]:
+        """Convenience for a terminal chat: yields text deltas of one request."""
+        for output in self.add_request(prompt, params):
+            if output.text:
+                yield output.text

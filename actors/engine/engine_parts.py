@@ -1,0 +1,92 @@
+"""Building an engine's parts from its config: model, tokenizer, KV cache, block pool."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from dynask.actors.engine.config import EngineConfig
+from dynask.actors.engine.kv_manager import KVCacheManager
+from dynask.actors.engine.kv_sizing import KVCachePlan, plan_kv_cache
+from dynask.actors.engine.loader import (
+    eos_token_ids,
+    load_hf_config,
+    load_model,
+    load_tokenizer,
+    resolve_model,
+)
+from dynask.actors.engine.model_config import ModelConfig
+from dynask.actors.engine.model_runner import KVCacheSpec, ModelRunner
+from dynask.kv.block_pool import BlockPool
+from dynask.kv.events import KVEventLog
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineParts:
+    model_config: ModelConfig
+    tokenizer: Any
+    eos_token_ids: tuple[int, ...]
+    plan: KVCachePlan
+    runner: ModelRunner
+    kv_manager: KVCacheManager
+    event_log: KVEventLog
+    model_origin: str
+
+
+def build_engine_parts(config: EngineConfig) -> EngineParts:
+    """Resolves the model, loads weights and tokenizer, and sizes the KV cache."""
+    started = time.monotonic()
+    source = resolve_model(config.model)
+    model_config = ModelConfig.from_hf(load_hf_config(source.folder))
+    tokenizer = load_tokenizer(source.folder)
+    device = config.torch_device()
+    dtype = config.torch_dtype(device)
+    max_positions = config.max_model_len or model_config.max_position_embeddings
+    model = load_model(source, model_config, max_positions, device, dtype)
+    plan = plan_kv_cache(config, model_config, device, dtype)
+    spec = KVCacheSpec(
+        plan.num_blocks,
+        plan.block_size,
+        model_config.num_layers,
+        model_config.num_kv_heads,
+        model_config.head_dim,
+        dtype,
+    )
+    runner = ModelRunner(model, spec, device)
+    event_log = KVEventLog()
+    pool = BlockPool(
+        plan.num_blocks,
+        plan.block_size,
+        enable_prefix_caching=config.enable_prefix_caching,
+        event_log=event_log,
+    )
+    log.info(
+        "loaded %s (%s, %d layers) on %s/%s in %.1fs; KV cache %d blocks x %d tokens "
+        "= %d tokens (%.2f GiB, %s); max_model_len %d",
+        source.origin,
+        model_config.model_type,
+        model_config.num_layers,
+        device,
+        dtype,
+        time.monotonic() - started,
+        plan.num_blocks,
+        plan.block_size,
+        plan.capacity_tokens,
+        plan.gib,
+        plan.budget_source,
+        plan.max_model_len,
+    )
+    return EngineParts(
+        model_config=model_config,
+        tokenizer=tokenizer,
+        eos_token_ids=eos_token_ids(source.folder, model_config, tokenizer),
+        plan=plan,
+        runner=runner,
+        kv_manager=KVCacheManager(pool, plan.block_size),
+        event_log=event_log,
+        model_origin=source.origin,
+    )

@@ -1,0 +1,93 @@
+"""Which KV blocks each sequence holds: prefix-cache lookups, slot allocation, freeing.
+
+A thin layer between the scheduler and the block pool (``dynask.kv.block_pool``): the
+scheduler asks "can this sequence get N more tokens?" and never touches blocks itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dynask.actors.engine.sequence import Sequence
+from dynask.kv.block_pool import Block, BlockPool
+from dynask.kv.hashing import SequenceHash, chain_hash, local_block_hash
+
+
+@dataclass(frozen=True)
+class PrefixHit:
+    """Leading full blocks of a sequence already in the cache."""
+
+    blocks: list[Block]
+    hashes: list[SequenceHash]
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+
+NO_HIT = PrefixHit([], [])
+
+
+class KVCacheManager:
+    """Maps sequences to blocks of a ``BlockPool`` of ``block_size`` tokens each."""
+
+    def __init__(self, pool: BlockPool, block_size: int) -> None:
+        self.pool = pool
+        self.block_size = block_size
+
+    def lookup_prefix(self, seq: Sequence) -> PrefixHit:
+        """Cached blocks for the sequence's leading full blocks.
+
+        At least one token is always left to compute (its logits give the next token), so
+        a fully cached prompt reuses all but its last block.
+        """
+        tokens = seq.token_ids()
+        max_blocks = (len(tokens) - 1) // self.block_size
+        chunks = [self._chunk(tokens, i) for i in range(max_blocks)]
+        hashes: list[SequenceHash] = []
+        parent: SequenceHash | None = None
+        for chunk in chunks:
+            parent = chain_hash(parent, local_block_hash(chunk, seq.hash_seed), seq.hash_seed)
+            hashes.append(parent)
+        blocks = self.pool.get_cached_blocks(hashes, chunks)
+        return PrefixHit(blocks, hashes[: len(blocks)])
+
+    def allocate(self, seq: Sequence, num_new_tokens: int, hit: PrefixHit = NO_HIT) -> bool:
+        """Reserves blocks for ``num_new_tokens`` more tokens (after ``hit``); False if full."""
+        computed = seq.num_computed_tokens + hit.num_blocks * self.block_size
+        blocks_needed = -(-(computed + num_new_tokens) // self.block_size)
+        new_blocks = blocks_needed - len(seq.blocks) - hit.num_blocks
+        revived = sum(1 for block in hit.blocks if block.ref_cnt == 0)
+        if new_blocks > self.pool.num_free_blocks - revived:
+            return False
+        if hit.num_blocks:
+            self.pool.touch(hit.blocks)
+            seq.blocks.extend(hit.blocks)
+            seq.block_hashes.extend(hit.hashes)
+            seq.num_computed_tokens = computed
+        if new_blocks > 0:
+            seq.blocks.extend(self.pool.allocate(new_blocks))
+        return True
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Registers every block that became full and computed in the prefix cache."""
+        full = seq.num_computed_tokens // self.block_size
+        if len(seq.block_hashes) >= full:
+            return
+        tokens = seq.token_ids()
+        while len(seq.block_hashes) < full:
+            index = len(seq.block_hashes)
+            chunk = self._chunk(tokens, index)
+            parent = seq.block_hashes[-1] if index else None
+            block_hash = chain_hash(parent, local_block_hash(chunk, seq.hash_seed), seq.hash_seed)
+            self.pool.cache_block(seq.blocks[index], block_hash, parent, chunk)
+            seq.block_hashes.append(block_hash)
+
+    def free(self, seq: Sequence) -> None:
+        """Returns the sequence's blocks, tail first, so shared prefixes are evicted last."""
+        self.pool.free_request_blocks(seq.blocks)
+        seq.blocks = []
+        seq.block_hashes = []
+
+    def _chunk(self, tokens: list[int], index: int) -> list[int]:
+        return tokens[index * self.block_size : (index + 1) * self.block_size]

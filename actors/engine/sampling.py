@@ -1,0 +1,86 @@
+"""Per-request sampling parameters and the batched sampler.
+
+Greedy rows take an argmax over the whole batch at once; sampled rows apply temperature,
+top-k and top-p and draw from their own ``torch.Generator``, seeded from the request's
+``seed`` so a seeded request gives the same text whatever else is in the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens and when to stop; validated on construction."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = no top-k
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    extra_keys: tuple[str, ...] = field(default=())  # LoRA name / cache salt: separate KV
+
+    def __post_init__(self) -> None:
+        _require(self.max_tokens >= 1, "max_tokens", self.max_tokens, "an integer >= 1")
+        _require(self.temperature >= 0.0, "temperature", self.temperature, "a number >= 0")
+        _require(0.0 < self.top_p <= 1.0, "top_p", self.top_p, "a number in (0, 1]")
+        _require(self.top_k >= 0, "top_k", self.top_k, "an integer >= 0 (0 disables it)")
+        _require(all(s for s in self.stop), "stop", self.stop, "non-empty strings")
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+def _require(ok: bool, name: str, value: object, expected: str) -> None:
+    if not ok:
+        raise ValueError(f"SamplingParams '{name}' has value {value!r}; expected {expected}")
+
+
+def make_generator(seed: int | None, fallback: torch.Generator) -> torch.Generator:
+    """A CPU generator for one request: seeded by the request, else by the engine's RNG."""
+    generator = torch.Generator()
+    if seed is None:
+        seed = int(torch.randint(0, 2**62, (1,), generator=fallback).item())
+    generator.manual_seed(seed)
+    return generator
+
+
+def sample(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]
+) -> list[int]:
+    """Picks one token per row of ``logits`` ([rows, vocab], float32)."""
+    chosen = logits.argmax(dim=-1).tolist()
+    for row, row_params in enumerate(params):
+        if not row_params.greedy:
+            chosen[row] = _sample_row(logits[row], row_params, generators[row])
+    return [int(t) for t in chosen]
+
+
+def _sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+    scores = logits.float().cpu() / params.temperature
+    if 0 < params.top_k < scores.shape[-1]:
+        kth = torch.topk(scores, params.top_k).values[-1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if params.top_p < 1.0:
+        scores = _top_p_filter(scores, params.top_p)
+    probs = torch.softmax(scores, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def _top_p_filter(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keeps the smallest set of tokens whose probability reaches ``top_p``."""
+    sorted_scores, order = torch.sort(scores, descending=True)
+    cumulative = torch.softmax(sorted_scores, dim=-1).cumsum(dim=-1)
+    drop_sorted = cumulative - torch.softmax(sorted_scores, dim=-1) >= top_p
+    drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
+    return scores.masked_fill(drop, float("-inf"))

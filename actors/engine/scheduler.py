@@ -1,0 +1,178 @@
+"""Continuous batching: which sequences run this step, and with how many tokens.
+
+Each step has a token budget (``max_num_batched_tokens``). Running sequences go first, in
+arrival order: a decoding sequence takes one token, a sequence still prefilling takes the
+next chunk of its prompt. When blocks run out, the most recently admitted sequence is
+preempted by recompute (its blocks are freed; its full blocks stay in the prefix cache, so
+the recompute is often a cache hit). Waiting sequences are admitted while budget, blocks
+and ``max_num_seqs`` allow, each starting after its longest cached prefix.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from dynask.actors.engine.kv_manager import NO_HIT, KVCacheManager, PrefixHit
+from dynask.actors.engine.sequence import FinishReason, Sequence, SequenceStatus
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 2048
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            value = getattr(self, name)
+            if value < 1:
+                raise ValueError(f"SchedulerConfig '{name}' has value {value!r}; expected >= 1")
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    seq: Sequence
+    num_new_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """True when this chunk reaches the end of the sequence, so a token is sampled."""
+        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_new_tokens for c in self.chunks)
+
+
+@dataclass
+class PrefixCacheCounters:
+    queried_tokens: int = 0
+    hit_tokens: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
+
+
+class Scheduler:
+    def __init__(
+        self, config: SchedulerConfig, kv: KVCacheManager, eos_token_ids: frozenset[int]
+    ) -> None:
+        self.config = config
+        self.kv = kv
+        self.eos_token_ids = eos_token_ids
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.prefix_counters = PrefixCacheCounters()
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self._schedule_running(out, self.config.max_num_batched_tokens)
+        if not out.preempted:
+            self._admit_waiting(out, budget)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        index = 0
+        while index < len(self.running) and budget > 0:
+            seq = self.running[index]
+            num_new = min(seq.num_pending_tokens, budget)
+            while not self.kv.allocate(seq, num_new):
+                victim = self.running[-1]
+                self._preempt(victim, out)
+                if victim is seq:
+                    break
+            else:
+                out.chunks.append(ScheduledChunk(seq, num_new))
+                budget -= num_new
+                index += 1
+        return budget
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            hit = self.kv.lookup_prefix(seq) if seq.num_computed_tokens == 0 else NO_HIT
+            cached = hit.num_blocks * self.kv.block_size
+            num_new = min(seq.num_pending_tokens - cached, budget)
+            if not self.kv.allocate(seq, num_new, hit):
+                break
+            self._count_prefix_hit(seq, hit)
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.chunks.append(ScheduledChunk(seq, num_new))
+            budget -= num_new
+
+    def _count_prefix_hit(self, seq: Sequence, hit: PrefixHit) -> None:
+        cached = hit.num_blocks * self.kv.block_size
+        if seq.num_preemptions == 0:
+            seq.num_cached_tokens = cached
+            self.prefix_counters.queried_tokens += len(seq.prompt_token_ids)
+            self.prefix_counters.hit_tokens += cached
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.running.remove(seq)
+        self.kv.free(seq)
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        out.preempted.append(seq)
+        self.num_preemptions += 1
+
+    def postprocess(self, out: SchedulerOutput, sampled: list[int | None]) -> list[Sequence]:
+        """Applies a step's results; returns the sequences that received a token."""
+        advanced = []
+        for chunk, token in zip(out.chunks, sampled, strict=True):
+            seq = chunk.seq
+            seq.num_computed_tokens += chunk.num_new_tokens
+            self.kv.cache_full_blocks(seq)
+            if token is None:
+                continue
+            seq.output_token_ids.append(token)
+            seq.detokenizer.push(token)
+            advanced.append(seq)
+            reason = self._finish_reason(seq, token)
+            if reason is not None:
+                self.finish(seq, reason)
+        return advanced
+
+    def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+        params = seq.params
+        if token in params.stop_token_ids:
+            seq.stop_reason = token
+            return FinishReason.STOP
+        if not params.ignore_eos and token in self.eos_token_ids:
+            return FinishReason.STOP
+        if seq.detokenizer.stopped_by is not None:
+            seq.stop_reason = seq.detokenizer.stopped_by
+            return FinishReason.STOP
+        if len(seq.output_token_ids) >= params.max_tokens:
+            return FinishReason.LENGTH
+        if seq.num_tokens >= self.config.max_model_len:
+            return FinishReason.LENGTH
+        return None
+
+    def finish(self, seq: Sequence, reason: FinishReason) -> None:
+        """Ends a sequence wherever it is and frees every block it holds."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        self.kv.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason

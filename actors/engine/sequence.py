@@ -1,0 +1,91 @@
+"""One request's state inside the engine, and the deltas the engine hands out."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from dynask.actors.engine.detokenizer import IncrementalDetokenizer
+from dynask.actors.engine.sampling import SamplingParams
+from dynask.kv.block_pool import Block
+from dynask.kv.hashing import SequenceHash
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(enum.StrEnum):
+    STOP = "stop"  # EOS, a stop token or a stop string
+    LENGTH = "length"  # max_tokens or the context length
+    ABORT = "abort"  # cancelled by the caller
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int  # prompt tokens served from the prefix cache
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """What one engine step added to one request: new text and token ids, and the end."""
+
+    request_id: str
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None  # the stop string or token that ended it
+    usage: Usage | None = None  # set on the final delta
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(eq=False)
+class Sequence:
+    """A request as the scheduler sees it: tokens, progress, blocks, sampling state."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    detokenizer: IncrementalDetokenizer
+    generator: torch.Generator
+    hash_seed: int
+    output_token_ids: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0  # tokens whose KV is in the cache
+    num_cached_tokens: int = 0  # prompt tokens that came from the prefix cache (first pass)
+    blocks: list[Block] = field(default_factory=list)
+    block_hashes: list[SequenceHash] = field(default_factory=list)  # of full, cached blocks
+    num_preemptions: int = 0
+    arrival_time: float = field(default_factory=time.monotonic)
+    first_token_time: float | None = None
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_pending_tokens(self) -> int:
+        """Tokens still to run through the model before the next sample."""
+        return self.num_tokens - self.num_computed_tokens
+
+    def token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def usage(self) -> Usage:
+        return Usage(len(self.prompt_token_ids), len(self.output_token_ids), self.num_cached_tokens)

@@ -1,0 +1,66 @@
+"""The per-request output stream a caller reads while the engine thread writes."""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Iterator
+
+from dynask.actors.engine.sequence import RequestOutput, Usage
+
+
+class RequestStream:
+    """Deltas of one request, in order; iterate it, or ``wait()`` for the whole result.
+
+    Every delta received is kept, so iterating after ``wait()`` still yields them all.
+    """
+
+    def __init__(self, request_id: str, num_prompt_tokens: int) -> None:
+        self.request_id = request_id
+        self.num_prompt_tokens = num_prompt_tokens
+        self._queue: queue.SimpleQueue[RequestOutput] = queue.SimpleQueue()
+        self.received: list[RequestOutput] = []
+
+    def put(self, output: RequestOutput) -> None:
+        """Called by the engine thread."""
+        self._queue.put(output)
+
+    def __iter__(self) -> Iterator[RequestOutput]:
+        index = 0
+        while True:
+            while index < len(self.received):
+                yield self.received[index]
+                index += 1
+            if self.received and self.received[-1].finished:
+                return
+            self._pull(timeout=None)
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Blocks until the final delta has arrived; ``queue.Empty`` after ``timeout``."""
+        while not self.finished:
+            self._pull(timeout)
+
+    def _pull(self, timeout: float | None) -> None:
+        self.received.append(self._queue.get(timeout=timeout))
+
+    @property
+    def finished(self) -> bool:
+        while not self._queue.empty():
+            self.received.append(self._queue.get_nowait())
+        return bool(self.received) and self.received[-1].finished
+
+    @property
+    def text(self) -> str:
+        return "".join(o.text for o in self.received)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t for o in self.received for t in o.token_ids]
+
+    @property
+    def finish_reason(self) -> str | None:
+        last = self.received[-1] if self.received else None
+        return last.finish_reason.value if last and last.finish_reason else None
+
+    @property
+    def usage(self) -> Usage | None:
+        return self.received[-1].usage if self.received else None

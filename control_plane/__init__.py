@@ -1,0 +1,1 @@
+"""dynask.control_plane."""

@@ -1,0 +1,50 @@
+"""The KV cache block: one fixed-size slot of paged KV memory, as the pool tracks it.
+
+It lives in its own module because both the free queue (which links blocks through
+``prev_free`` / ``next_free``) and the block pool need it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NewType
+
+from dynask.kv.hashing import SequenceHash
+
+BlockId = NewType("BlockId", int)
+"""Index of a block in the engine's paged KV tensors."""
+
+
+@dataclass(slots=True, eq=False)
+class Block:
+    """A KV block's bookkeeping.
+
+    ``ref_cnt`` counts the requests using the block; at 0 it sits in the free queue.
+    ``block_hash`` and ``token_ids`` are set while the block is registered in the prefix
+    cache. Blocks compare by identity (``eq=False``): two blocks are never interchangeable.
+    """
+
+    block_id: BlockId
+    ref_cnt: int = 0
+    block_hash: SequenceHash | None = None
+    token_ids: tuple[int, ...] | None = None
+    # Intrusive free-list links, owned by FreeBlockQueue. Left out of repr: they would
+    # print the whole queue (and recurse).
+    prev_free: Block | None = field(default=None, repr=False)
+    next_free: Block | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.block_id < 0:
+            raise ValueError(f"Block.block_id must be >= 0, got {self.block_id!r}")
+        if self.ref_cnt < 0:
+            raise ValueError(f"Block.ref_cnt must be >= 0, got {self.ref_cnt!r}")
+
+    @property
+    def is_cached(self) -> bool:
+        """Whether the block is registered in the prefix cache."""
+        return self.block_hash is not None
+
+    def forget_hash(self) -> None:
+        """Drop the prefix-cache identity (on eviction or cache reset)."""
+        self.block_hash = None
+        self.token_ids = None

@@ -1,0 +1,182 @@
+"""KV cache events, shaped like NVIDIA Dynamo's, and the per-engine event log.
+
+Design decisions:
+
+- An engine reports what its prefix cache gained and lost as events; the router replays
+  them to know which worker holds which blocks. Three kinds suffice: blocks stored,
+  blocks removed, everything cleared.
+- Event ids are per engine, start at 1 and increase by one, so a consumer that sees a gap
+  knows it missed events and must resync from a full dump.
+- The engine thread records and another thread drains, so the log is guarded by a lock.
+- ``to_dict`` / ``event_from_dict`` give a plain dict (ints, lists, strings, None) that
+  survives JSON and msgpack; the ``"type"`` key selects the event.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dynask.kv.hashing import SequenceHash
+
+STORED = "stored"
+REMOVED = "removed"
+CLEARED = "cleared"
+
+
+@dataclass(frozen=True, slots=True)
+class BlockStored:
+    """Full blocks entered the prefix cache; ``token_ids`` are all their tokens in order."""
+
+    block_hashes: tuple[SequenceHash, ...]
+    parent_hash: SequenceHash | None
+    token_ids: tuple[int, ...]
+    block_size: int
+
+    def __post_init__(self) -> None:
+        if not self.block_hashes:
+            raise ValueError("BlockStored.block_hashes must not be empty, got ()")
+        if self.block_size <= 0:
+            raise ValueError(f"BlockStored.block_size must be positive, got {self.block_size!r}")
+        expected = len(self.block_hashes) * self.block_size
+        if len(self.token_ids) != expected:
+            raise ValueError(
+                f"BlockStored.token_ids has {len(self.token_ids)} tokens; expected {expected} "
+                f"({len(self.block_hashes)} blocks of {self.block_size})"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain dict for the wire."""
+        return {
+            "type": STORED,
+            "block_hashes": list(self.block_hashes),
+            "parent_hash": self.parent_hash,
+            "token_ids": list(self.token_ids),
+            "block_size": self.block_size,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRemoved:
+    """Blocks left the prefix cache (evicted to make room)."""
+
+    block_hashes: tuple[SequenceHash, ...]
+
+    def __post_init__(self) -> None:
+        if not self.block_hashes:
+            raise ValueError("BlockRemoved.block_hashes must not be empty, got ()")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain dict for the wire."""
+        return {"type": REMOVED, "block_hashes": list(self.block_hashes)}
+
+
+@dataclass(frozen=True, slots=True)
+class AllBlocksCleared:
+    """The whole prefix cache was dropped."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain dict for the wire."""
+        return {"type": CLEARED}
+
+
+KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+@dataclass(frozen=True, slots=True)
+class KVEventRecord:
+    """An event with the id the engine's log gave it."""
+
+    event_id: int
+    event: KVEvent
+
+    def __post_init__(self) -> None:
+        if self.event_id < 1:
+            raise ValueError(f"KVEventRecord.event_id must be >= 1, got {self.event_id!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain dict for the wire."""
+        return {"event_id": self.event_id, "event": self.event.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> KVEventRecord:
+        """Inverse of ``to_dict``; raises ``ValueError`` on a malformed dict."""
+        event = data.get("event")
+        if not isinstance(event, Mapping):
+            raise ValueError(f"KV event record field 'event' has value {event!r}; expected a dict")
+        return cls(event_id=_int_field(data, "event_id"), event=event_from_dict(event))
+
+
+def event_from_dict(data: Mapping[str, Any]) -> KVEvent:
+    """Rebuild an event from ``to_dict`` output; raises ``ValueError`` if malformed."""
+    kind = data.get("type")
+    if kind == STORED:
+        return BlockStored(
+            block_hashes=_hash_tuple(data, "block_hashes"),
+            parent_hash=_optional_hash(data, "parent_hash"),
+            token_ids=_int_tuple(data, "token_ids"),
+            block_size=_int_field(data, "block_size"),
+        )
+    if kind == REMOVED:
+        return BlockRemoved(block_hashes=_hash_tuple(data, "block_hashes"))
+    if kind == CLEARED:
+        return AllBlocksCleared()
+    raise ValueError(
+        f"KV event field 'type' has value {kind!r}; expected one of "
+        f"{STORED!r}, {REMOVED!r}, {CLEARED!r}"
+    )
+
+
+class KVEventLog:
+    """One engine's pending KV events with monotonic ids starting at 1. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last_event_id = 0
+        self._pending: list[KVEventRecord] = []
+
+    def record(self, event: KVEvent) -> int:
+        """Append ``event`` and return its id."""
+        with self._lock:
+            self._last_event_id += 1
+            self._pending.append(KVEventRecord(self._last_event_id, event))
+            return self._last_event_id
+
+    def drain(self) -> list[KVEventRecord]:
+        """Return the pending records, oldest first, and forget them."""
+        with self._lock:
+            drained, self._pending = self._pending, []
+            return drained
+
+    @property
+    def last_event_id(self) -> int:
+        """Id of the most recent event ever recorded; 0 before the first."""
+        with self._lock:
+            return self._last_event_id
+
+
+def _int_field(data: Mapping[str, Any], name: str) -> int:
+    value = data.get(name)
+    # bool is an int subclass but never a valid id, size or token.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"KV event field {name!r} has value {value!r}; expected an int")
+    return value
+
+
+def _int_tuple(data: Mapping[str, Any], name: str) -> tuple[int, ...]:
+    values = data.get(name)
+    if not isinstance(values, list | tuple):
+        raise ValueError(f"KV event field {name!r} has value {values!r}; expected a list")
+    return tuple(_int_field({name: value}, name) for value in values)
+
+
+def _hash_tuple(data: Mapping[str, Any], name: str) -> tuple[SequenceHash, ...]:
+    return tuple(SequenceHash(value) for value in _int_tuple(data, name))
+
+
+def _optional_hash(data: Mapping[str, Any], name: str) -> SequenceHash | None:
+    if data.get(name) is None:
+        return None
+    return SequenceHash(_int_field(data, name))

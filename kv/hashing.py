@@ -1,0 +1,104 @@
+"""Block hashing compatible with NVIDIA Dynamo's KV router.
+
+Design decisions:
+
+- The algorithm is Dynamo's canonical one: xxh3-64 with seed 1337 over the token ids
+  serialized as little-endian u32. Engines and the router must agree bit for bit, or a
+  cached prefix is never found, so the exact bytes hashed are part of the contract.
+- A block has two hashes. The *local* hash covers only its own tokens; the *sequence* hash
+  chains the parent's sequence hash with the local hash, so equal blocks after different
+  prefixes never match. The first block's sequence hash is its local hash.
+- Extra keys (LoRA adapter name, cache salt) change the seed, so blocks computed under
+  different adapters or salts live in disjoint hash spaces.
+- Only full blocks are hashed: a partial block's KV keeps changing as tokens are appended.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NewType
+
+import xxhash
+
+LocalBlockHash = NewType("LocalBlockHash", int)
+"""xxh3-64 of one block's tokens alone (an unsigned 64-bit int)."""
+
+SequenceHash = NewType("SequenceHash", int)
+"""Hash of a block and every block before it (an unsigned 64-bit int)."""
+
+DEFAULT_SEED = 1337
+"""Dynamo's router seed (``XXH3_SEED``)."""
+
+_EXTRA_KEY_SEPARATOR = "\x00"
+_U32_MAX = 0xFFFF_FFFF
+
+
+@dataclass(frozen=True, slots=True)
+class BlockHashPair:
+    """The local and chained hash of one full block."""
+
+    local: LocalBlockHash
+    sequence: SequenceHash
+
+
+def hash_seed(extra_keys: Sequence[str] | None) -> int:
+    """The seed for hashing a request's blocks.
+
+    ``DEFAULT_SEED`` when there are no extra keys; otherwise xxh3-64 (seeded with
+    ``DEFAULT_SEED``) of the UTF-8 keys joined by NUL, so that requests with different
+    LoRA adapters or cache salts never share blocks.
+    """
+    if not extra_keys:
+        return DEFAULT_SEED
+    joined = _EXTRA_KEY_SEPARATOR.join(extra_keys).encode("utf-8")
+    return xxhash.xxh3_64_intdigest(joined, seed=DEFAULT_SEED)
+
+
+def local_block_hash(token_ids: Sequence[int], seed: int = DEFAULT_SEED) -> LocalBlockHash:
+    """xxh3-64 of ``token_ids`` packed as little-endian u32, with ``seed``."""
+    try:
+        packed = struct.pack(f"<{len(token_ids)}I", *token_ids)
+    except struct.error as error:
+        raise _bad_token_error(token_ids) from error
+    return LocalBlockHash(xxhash.xxh3_64_intdigest(packed, seed=seed))
+
+
+def chain_hash(
+    parent: SequenceHash | None, local: LocalBlockHash, seed: int = DEFAULT_SEED
+) -> SequenceHash:
+    """The sequence hash of a block given its parent's sequence hash.
+
+    The first block (no parent) takes its local hash; later blocks hash the parent and
+    local hashes packed as two little-endian u64.
+    """
+    if parent is None:
+        return SequenceHash(local)
+    packed = struct.pack("<QQ", parent, local)
+    return SequenceHash(xxhash.xxh3_64_intdigest(packed, seed=seed))
+
+
+def block_hashes(
+    token_ids: Sequence[int], block_size: int, seed: int = DEFAULT_SEED
+) -> list[BlockHashPair]:
+    """Hashes of every full block of ``token_ids``; a trailing partial block is skipped."""
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size!r}")
+    pairs: list[BlockHashPair] = []
+    parent: SequenceHash | None = None
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        local = local_block_hash(token_ids[start : start + block_size], seed)
+        parent = chain_hash(parent, local, seed)
+        pairs.append(BlockHashPair(local=local, sequence=parent))
+    return pairs
+
+
+def _bad_token_error(token_ids: Sequence[int]) -> ValueError:
+    # struct.error does not say which token failed; name it (found only on the error path).
+    for position, token in enumerate(token_ids):
+        if not 0 <= token <= _U32_MAX:
+            return ValueError(
+                f"token_ids[{position}] has value {token!r}; token ids must fit in u32"
+            )
+    return ValueError(f"token_ids could not be packed as u32: {list(token_ids)!r}")

@@ -22,6 +22,7 @@ import torch
 from dynask.actors.engine.config import EngineConfig
 from dynask.actors.engine.detokenizer import IncrementalDetokenizer
 from dynask.actors.engine.engine_parts import EngineParts, build_engine_parts
+from dynask.actors.engine.kv_manager import PrefixHit
 from dynask.actors.engine.sampling import SamplingParams, make_generator
 from dynask.actors.engine.scheduler import Scheduler, SchedulerConfig
 from dynask.actors.engine.sequence import (
@@ -153,6 +154,28 @@ class LLMEngine:
         """Writes KV produced by ``export_kv`` (possibly on another engine) into blocks."""
         with self._step_lock:
             self.parts.runner.import_blocks(block_ids, kv)
+
+    def cached_prefix(self, token_ids: list[int], extra_keys: tuple[str, ...] = ()) -> PrefixHit:
+        """The leading full blocks of ``token_ids`` this engine holds in its prefix cache."""
+        with self._step_lock:
+            return self.parts.kv_manager.lookup_tokens(token_ids, hash_seed(extra_keys))
+
+    def store_prefix(
+        self, token_ids: list[int], kv: torch.Tensor, extra_keys: tuple[str, ...] = ()
+    ) -> int:
+        """Loads KV computed elsewhere for the full blocks of ``token_ids`` into the cache.
+
+        ``kv`` covers the first ``kv.shape[2]`` full blocks (as ``export_kv`` gives them).
+        The blocks are registered in the prefix cache and left unreferenced, so the next
+        request with this prefix starts after them. Returns the number of blocks stored.
+        """
+        with self._step_lock:
+            return self.parts.kv_manager.store_prefix(
+                token_ids,
+                hash_seed(extra_keys),
+                kv.shape[2],
+                lambda ids: self.parts.runner.import_blocks(ids, kv),
+            )
 
     # ---- the engine thread ------------------------------------------------------------
 

@@ -6,6 +6,7 @@ scheduler asks "can this sequence get N more tokens?" and never touches blocks i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from dynask.actors.engine.sequence import Sequence
@@ -42,15 +43,47 @@ class KVCacheManager:
         a fully cached prompt reuses all but its last block.
         """
         tokens = seq.token_ids()
-        max_blocks = (len(tokens) - 1) // self.block_size
-        chunks = [self._chunk(tokens, i) for i in range(max_blocks)]
+        return self.lookup_tokens(tokens[: len(tokens) - 1], seq.hash_seed)
+
+    def lookup_tokens(self, tokens: list[int], seed: int) -> PrefixHit:
+        """Cached blocks for the leading full blocks of ``tokens``."""
+        chunks, hashes = self._hash_blocks(tokens, seed, len(tokens) // self.block_size)
+        blocks = self.pool.get_cached_blocks(hashes, chunks)
+        return PrefixHit(blocks, hashes[: len(blocks)])
+
+    def store_prefix(
+        self, tokens: list[int], seed: int, num_blocks: int, write: Callable[[list[int]], None]
+    ) -> int:
+        """Allocates ``num_blocks`` blocks, lets ``write`` fill them, caches them, unpins them."""
+        chunks, hashes = self._hash_blocks(tokens, seed, num_blocks)
+        if len(chunks) < num_blocks:
+            raise ValueError(
+                f"KV for {num_blocks} blocks needs {num_blocks * self.block_size} tokens; "
+                f"got {len(tokens)}"
+            )
+        blocks = self.pool.allocate(num_blocks)
+        try:
+            write([int(b.block_id) for b in blocks])
+            parent: SequenceHash | None = None
+            for block, block_hash, chunk in zip(blocks, hashes, chunks, strict=True):
+                self.pool.cache_block(block, block_hash, parent, chunk)
+                parent = block_hash
+        finally:
+            self.pool.free_request_blocks(blocks)
+        return num_blocks
+
+    def _hash_blocks(
+        self, tokens: list[int], seed: int, num_blocks: int
+    ) -> tuple[list[list[int]], list[SequenceHash]]:
+        chunks = [
+            self._chunk(tokens, i) for i in range(min(num_blocks, len(tokens) // self.block_size))
+        ]
         hashes: list[SequenceHash] = []
         parent: SequenceHash | None = None
         for chunk in chunks:
-            parent = chain_hash(parent, local_block_hash(chunk, seq.hash_seed), seq.hash_seed)
+            parent = chain_hash(parent, local_block_hash(chunk, seed), seed)
             hashes.append(parent)
-        blocks = self.pool.get_cached_blocks(hashes, chunks)
-        return PrefixHit(blocks, hashes[: len(blocks)])
+        return chunks, hashes
 
     def allocate(self, seq: Sequence, num_new_tokens: int, hit: PrefixHit = NO_HIT) -> bool:
         """Reserves blocks for ``num_new_tokens`` more tokens (after ``hit``); False if full."""

@@ -42,25 +42,32 @@ class RequestStream:
     def _pull(self, timeout: float | None) -> None:
         self.received.append(self._queue.get(timeout=timeout))
 
-    @property
-    def finished(self) -> bool:
+    def _drain(self) -> list[RequestOutput]:
+        """Moves what has arrived into ``received`` (without waiting) and returns it."""
         while not self._queue.empty():
             self.received.append(self._queue.get_nowait())
-        return bool(self.received) and self.received[-1].finished
+        return self.received
+
+    @property
+    def finished(self) -> bool:
+        received = self._drain()
+        return bool(received) and received[-1].finished
 
     @property
     def text(self) -> str:
-        return "".join(o.text for o in self.received)
+        return "".join(o.text for o in self._drain())
 
     @property
     def token_ids(self) -> list[int]:
-        return [t for o in self.received for t in o.token_ids]
+        return [t for o in self._drain() for t in o.token_ids]
 
     @property
     def finish_reason(self) -> str | None:
-        last = self.received[-1] if self.received else None
+        received = self._drain()
+        last = received[-1] if received else None
         return last.finish_reason.value if last and last.finish_reason else None
 
     @property
     def usage(self) -> Usage | None:
-        return self.received[-1].usage if self.received else None
+        received = self._drain()
+        return received[-1].usage if received else None

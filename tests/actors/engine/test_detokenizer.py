@@ -1,0 +1,60 @@
+"""Incremental detokenization: multi-byte characters and stop strings across tokens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dynask.actors.engine.detokenizer import IncrementalDetokenizer
+
+TEXT = "Grüße aus Köln — 日本語のテキスト 🙂👍🏽 done"
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_folder: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_folder)
+
+
+def _stream(tokenizer: Any, text: str, stop: tuple[str, ...] = ()) -> tuple[list[str], Any]:
+    prompt = tokenizer.encode("Say something:")
+    detok = IncrementalDetokenizer(tokenizer, prompt, stop=stop)
+    deltas = []
+    for token in tokenizer.encode(text):
+        detok.push(token)
+        deltas.append(detok.take())
+        if detok.stopped_by:
+            break
+    deltas.append(detok.take(final=True))
+    return deltas, detok
+
+
+def test_multibyte_characters_split_across_tokens_stream_intact(tokenizer: Any) -> None:
+    tokens = tokenizer.encode(TEXT)
+    # The premise: at least one character needs several byte-level tokens.
+    pieces = [tokenizer.decode([t]) for t in tokens]
+    assert any("\ufffd" in piece for piece in pieces)
+
+    deltas, _ = _stream(tokenizer, TEXT)
+
+    assert "".join(deltas) == TEXT
+    assert all("\ufffd" not in delta for delta in deltas)
+    assert "" in deltas  # some steps had to wait for the rest of a character
+
+
+def test_stop_string_split_across_tokens_is_cut_and_never_emitted(tokenizer: Any) -> None:
+    deltas, detok = _stream(tokenizer, TEXT, stop=("テキスト",))
+
+    assert "".join(deltas) == "Grüße aus Köln — 日本語の"
+    assert detok.stopped_by == "テキスト"
+    assert all("テ" not in delta for delta in deltas)
+
+
+def test_partial_stop_prefix_is_released_when_it_does_not_complete(tokenizer: Any) -> None:
+    deltas, detok = _stream(tokenizer, "a stop? no, a stoplight", stop=("stop!",))
+
+    assert detok.stopped_by is None
+    assert "".join(deltas) == "a stop? no, a stoplight"

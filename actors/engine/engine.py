@@ -77,7 +77,7 @@ class LLMEngine:
         prompt: str | list[int],
         params: SamplingParams | None = None,
         request_id: str | None = None,
-    ) -> RequestStream:
+    ) -> RequestStream:  # satisfies actors.engine_protocol.Engine
         """Queues a request; its deltas arrive on the returned stream."""
         params = params or SamplingParams()
         token_ids = self._prompt_token_ids(prompt)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
+
+import torch
 
 from dynask.actors.engine.config import EngineConfig
 from dynask.actors.engine.kv_manager import KVCacheManager
@@ -19,10 +21,22 @@ from dynask.actors.engine.loader import (
 )
 from dynask.actors.engine.model_config import ModelConfig
 from dynask.actors.engine.model_runner import KVCacheSpec, ModelRunner
+from dynask.actors.engine.scheduler import ScheduledChunk
 from dynask.kv.block_pool import BlockPool
 from dynask.kv.events import KVEventLog
 
 log = logging.getLogger(__name__)
+
+
+class StepRunner(Protocol):
+    """Runs scheduled chunks: the real model (``ModelRunner``) or a simulation (mocker)."""
+
+    def run(self, chunks: list[ScheduledChunk]) -> list[int | None]:
+        """The sampled token per chunk; None for a chunk that stops mid-prefill."""
+
+    def export_blocks(self, block_ids: list[int]) -> torch.Tensor: ...
+
+    def import_blocks(self, block_ids: list[int], kv: torch.Tensor) -> None: ...
 
 
 @dataclass
@@ -31,7 +45,7 @@ class EngineParts:
     tokenizer: Any
     eos_token_ids: tuple[int, ...]
     plan: KVCachePlan
-    runner: ModelRunner
+    runner: StepRunner
     kv_manager: KVCacheManager
     event_log: KVEventLog
     model_origin: str

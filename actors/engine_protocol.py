@@ -1,0 +1,44 @@
+"""The protocol every engine backend implements, so one ``EngineActor`` can drive any.
+
+Backends: the built-in engine (``out=torch``), ``echo``, ``mocker`` and ``python``. An
+engine takes token ids (the control plane applies chat templates and tokenizes), runs
+its own thread, and hands every step's deltas to its output listeners in one call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
+
+from dynask.actors.engine.sampling import SamplingParams
+from dynask.actors.engine.sequence import RequestOutput
+from dynask.actors.engine.stats import EngineStats
+from dynask.kv.events import KVEventLog
+
+OutputListener = Callable[[list[RequestOutput]], None]
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What an ``EngineActor`` needs from an engine."""
+
+    max_model_len: int
+    kv_events: KVEventLog
+
+    def start(self) -> None:
+        """Starts the engine's own thread (idempotent)."""
+
+    def shutdown(self) -> None:
+        """Stops the thread; requests in flight are dropped."""
+
+    def add_request(self, prompt: list[int], params: SamplingParams, request_id: str) -> object:
+        """Queues a request; raises ``ValueError`` with a clear message for bad input."""
+
+    def abort(self, request_id: str) -> None:
+        """Cancels a request and frees its blocks; unknown ids are ignored."""
+
+    def add_output_listener(self, listener: OutputListener) -> None:
+        """``listener`` gets each step's deltas, on the engine thread, one call per step."""
+
+    def stats(self) -> EngineStats:
+        """Load and cache state, for routing, metrics and the admin UI."""

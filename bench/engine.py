@@ -7,7 +7,9 @@ What it measures, with the default SmolLM2-135M-Instruct model:
   is ``batch * new_tokens / wall seconds`` end to end, prefill included, for our engine
   and for ``transformers`` ``generate``. Each batch size runs ours then HF back to back,
   so a noisy shared machine slows both alike; the ratio ours/HF is what to compare.
-  Our decode-only rate (tokens after every sequence has its first one) is reported too.
+  With ``--repeats N`` each side keeps its best run (fresh prompts each time, so our
+  prefix cache never helps). Our decode-only rate (tokens after every sequence has its
+  first one) is reported too, and how many rows match HF's greedy tokens exactly.
 * Time to first token of a long prompt: cold (a fresh prompt), then the same prompt
   again, whose full blocks are now in the prefix cache. The median of a few trials.
 
@@ -45,6 +47,7 @@ from dynask.actors.engine.sampling import SamplingParams
 
 TOKEN_ID_RANGE = (100, 40_000)  # plain vocabulary ids, clear of the special tokens
 SEED = 20_240_601
+TTFT_SEED = SEED + 10_000_000  # apart from the batch prompts, so nothing is cached by chance
 FULL_BATCHES = (1, 8, 32)
 QUICK_BATCHES = (1, 8)
 FULL_NEW_TOKENS = 128
@@ -59,6 +62,8 @@ class BenchConfig:
     new_tokens: int
     ttft_prompt_len: int
     ttft_trials: int
+    repeats: int
+    threads: int
     skip_hf: bool
 
 
@@ -77,12 +82,17 @@ class HFRun:
 
 @dataclass(frozen=True)
 class ThroughputRow:
+    """One batch size; the rates are the best of the repeats (the least disturbed run)."""
+
     batch: int
     ours_tok_s: float
     hf_tok_s: float | None
     ratio: float | None
     ours_decode_tok_s: float | None
     rows_matching_hf: int | None  # rows whose greedy tokens equal HF's exactly
+    rows_compared: int
+    ours_runs_tok_s: list[float]
+    hf_runs_tok_s: list[float]
 
 
 @dataclass(frozen=True)
@@ -141,11 +151,11 @@ def run_ours(engine: LLMEngine, prompts: list[list[int]], new_tokens: int) -> Ou
 
 
 def time_to_first_token(engine: LLMEngine, prompt: list[int]) -> FirstToken:
-    """Seconds from adding the request until its first token arrives."""
+    """Seconds from adding the request until a step hands out its first token."""
     start = time.perf_counter()
     stream = engine.add_request(prompt, greedy(1))
-    while not stream.token_ids:
-        engine.step()
+    while not any(o.request_id == stream.request_id and o.token_ids for o in engine.step()):
+        pass
     elapsed = time.perf_counter() - start
     while not stream.finished:
         engine.step()
@@ -158,7 +168,7 @@ def measure_ttft(engine: LLMEngine, config: BenchConfig) -> TTFTResult:
     cold: list[FirstToken] = []
     cached: list[FirstToken] = []
     for trial in range(config.ttft_trials):
-        prompt = random_prompts(1, config.ttft_prompt_len, SEED + 1_000 + trial)[0]
+        prompt = random_prompts(1, config.ttft_prompt_len, TTFT_SEED + trial)[0]
         cold.append(time_to_first_token(engine, prompt))
         cached.append(time_to_first_token(engine, prompt))
     cold_s = statistics.median(t.seconds for t in cold)
@@ -215,18 +225,48 @@ def warm_up(engine: LLMEngine, hf_model: Any | None) -> None:
 def measure_batch(
     engine: LLMEngine, hf_model: Any | None, batch: int, config: BenchConfig
 ) -> ThroughputRow:
-    """Ours, then HF on the same prompts, so both see the machine in the same state."""
-    prompts = random_prompts(batch, config.prompt_len, SEED + batch)
-    generated = batch * config.new_tokens
-    ours = run_ours(engine, prompts, config.new_tokens)
-    ours_tok_s = generated / ours.seconds
-    if hf_model is None:
-        return ThroughputRow(batch, ours_tok_s, None, None, ours.decode_tok_s, None)
-    hf = run_hf(hf_model, prompts, config.new_tokens)
-    hf_tok_s = generated / hf.seconds
-    matching = sum(a == b for a, b in zip(ours.outputs, hf.outputs, strict=True))
+    """Ours, then HF on the same prompts, so both see the machine in the same state.
+
+    Each repeat uses fresh prompts: a repeated prompt would hit our prefix cache.
+    """
+    ours_runs: list[OursRun] = []
+    hf_runs: list[HFRun] = []
+    for repeat in range(config.repeats):
+        prompts = random_prompts(batch, config.prompt_len, SEED + 1_000 * batch + repeat)
+        ours_runs.append(run_ours(engine, prompts, config.new_tokens))
+        if hf_model is not None:
+            hf_runs.append(run_hf(hf_model, prompts, config.new_tokens))
+    return summarize_batch(batch, config.new_tokens, ours_runs, hf_runs)
+
+
+def summarize_batch(
+    batch: int, new_tokens: int, ours_runs: list[OursRun], hf_runs: list[HFRun]
+) -> ThroughputRow:
+    generated = batch * new_tokens
+    ours_rates = [generated / run.seconds for run in ours_runs]
+    hf_rates = [generated / run.seconds for run in hf_runs]
+    decode_rates = [run.decode_tok_s for run in ours_runs if run.decode_tok_s is not None]
+    ours_best = max(ours_rates)
+    hf_best = max(hf_rates) if hf_rates else None
     return ThroughputRow(
-        batch, ours_tok_s, hf_tok_s, ours_tok_s / hf_tok_s, ours.decode_tok_s, matching
+        batch=batch,
+        ours_tok_s=ours_best,
+        hf_tok_s=hf_best,
+        ratio=ours_best / hf_best if hf_best else None,
+        ours_decode_tok_s=max(decode_rates) if decode_rates else None,
+        rows_matching_hf=matching_rows(ours_runs, hf_runs) if hf_runs else None,
+        rows_compared=batch * len(hf_runs),
+        ours_runs_tok_s=ours_rates,
+        hf_runs_tok_s=hf_rates,
+    )
+
+
+def matching_rows(ours_runs: list[OursRun], hf_runs: list[HFRun]) -> int:
+    """How many rows of greedy output are token for token the same as HF's."""
+    return sum(
+        ours == hf
+        for ours_run, hf_run in zip(ours_runs, hf_runs, strict=True)
+        for ours, hf in zip(ours_run.outputs, hf_run.outputs, strict=True)
     )
 
 
@@ -269,12 +309,15 @@ def format_table(
     rows: list[ThroughputRow], ttft: TTFTResult, goals: dict[str, bool | None], config: BenchConfig
 ) -> str:
     lines = [
-        f"Throughput: {config.prompt_len}-token prompts, {config.new_tokens} new tokens, greedy",
+        f"Throughput: {config.prompt_len}-token prompts, {config.new_tokens} new tokens, "
+        f"greedy, best of {config.repeats}, {config.threads} torch threads",
         f"{'batch':>5}  {'ours tok/s':>10}  {'HF tok/s':>10}  {'ours/HF':>7}  "
         f"{'ours decode tok/s':>17}  {'rows = HF':>9}",
     ]
     for row in rows:
-        matching = "-" if row.rows_matching_hf is None else f"{row.rows_matching_hf}/{row.batch}"
+        matching = "-"
+        if row.rows_matching_hf is not None:
+            matching = f"{row.rows_matching_hf}/{row.rows_compared}"
         lines.append(
             f"{row.batch:>5}  {row.ours_tok_s:>10.1f}  {_fmt(row.hf_tok_s, '.1f'):>10}  "
             f"{_fmt(row.ratio, '.2f'):>7}  {_fmt(row.ours_decode_tok_s, '.1f'):>17}  "
@@ -303,21 +346,31 @@ def write_json(path: Path, report: dict[str, Any]) -> None:
 # ---- command line -------------------------------------------------------------------------
 
 
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def batch_sizes(text: str) -> tuple[int, ...]:
+    return tuple(positive_int(part) for part in text.split(","))
+
+
 def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batches", help="comma-separated batch sizes (default 1,8,32)")
-    parser.add_argument("--prompt-len", type=int, default=256)
-    parser.add_argument("--new-tokens", type=int, help="new tokens per request (default 128)")
-    parser.add_argument("--ttft-prompt-len", type=int, default=1000)
-    parser.add_argument("--ttft-trials", type=int, default=3)
+    parser.add_argument("--batches", type=batch_sizes, help="comma-separated (default 1,8,32)")
+    parser.add_argument("--prompt-len", type=positive_int, default=256)
+    parser.add_argument("--new-tokens", type=positive_int, help="per request (default 128)")
+    parser.add_argument("--ttft-prompt-len", type=positive_int, default=1000)
+    parser.add_argument("--ttft-trials", type=positive_int, default=3)
+    parser.add_argument("--repeats", type=positive_int, default=1, help="best run is kept")
+    parser.add_argument("--threads", type=positive_int, help="torch threads (default: torch's)")
     parser.add_argument("--skip-hf", action="store_true", help="measure our engine only")
     parser.add_argument("--quick", action="store_true", help="batches 1,8 and 32 new tokens")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
-    if args.batches:
-        batches = tuple(int(b) for b in args.batches.split(","))
-    else:
-        batches = QUICK_BATCHES if args.quick else FULL_BATCHES
+    batches = args.batches or (QUICK_BATCHES if args.quick else FULL_BATCHES)
     new_tokens = args.new_tokens or (QUICK_NEW_TOKENS if args.quick else FULL_NEW_TOKENS)
     config = BenchConfig(
         batches=batches,
@@ -325,6 +378,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path]:
         new_tokens=new_tokens,
         ttft_prompt_len=args.ttft_prompt_len,
         ttft_trials=args.ttft_trials,
+        repeats=args.repeats,
+        threads=args.threads or torch.get_num_threads(),
         skip_hf=args.skip_hf,
     )
     return config, args.out
@@ -332,6 +387,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path]:
 
 def main(argv: list[str] | None = None) -> None:
     config, out_path = parse_args(argv)
+    torch.set_num_threads(config.threads)
     facts = machine_facts()
     engine = LLMEngine(EngineConfig())
     hf_model = None if config.skip_hf else load_hf_model(resolve_model(None).folder)

@@ -47,6 +47,7 @@ class RequestOutput:
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None  # the stop string or token that ended it
     usage: Usage | None = None  # set on the final delta
+    error: str | None = None  # why an aborted request failed (a backend's own error)
 
     @property
     def finished(self) -> bool:

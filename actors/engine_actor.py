@@ -1,0 +1,128 @@
+"""``EngineActor``: one engine on one Dask worker, created with ``actor=True``.
+
+Every method is ``async``: plain actor methods share ONE thread per Dask worker
+("Dask-Actor-Threads"), so a slow call would block every other actor call; async methods
+run on the worker's event loop and the engine works in its own thread. Token deltas leave
+through the actor's own TCP stream (``token_stream``), not through actor calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from dynask.actors.engine.sampling import SamplingParams
+from dynask.actors.engine_factory import EngineSpec, build_engine
+from dynask.actors.engine_protocol import Engine
+from dynask.actors.token_stream import TokenStreamServer
+
+log = logging.getLogger(__name__)
+
+
+class EngineNotStartedError(RuntimeError):
+    """An actor method needs ``start()`` to have finished first."""
+
+
+class EngineActor:
+    """Holds an engine and its token stream inside a Dask worker."""
+
+    def __init__(self, spec: EngineSpec, name: str) -> None:
+        self.spec = spec
+        self.name = name
+        self._engine: Engine | None = None
+        self._stream: TokenStreamServer | None = None
+        self._info: dict[str, Any] | None = None
+
+    async def start(self) -> dict[str, Any]:
+        """Loads the engine (in a thread), opens the token stream; returns the actor's info."""
+        if self._info is not None:
+            return self._info
+        _share_cores_with_other_workers()
+        engine = await asyncio.to_thread(build_engine, self.spec)
+        stream = TokenStreamServer(asyncio.get_running_loop())
+        address = await stream.start(_worker_host())
+        engine.add_output_listener(stream.publish)
+        engine.start()
+        self._engine, self._stream = engine, stream
+        self._info = {
+            "name": self.name,
+            "stream_address": address,
+            "max_model_len": engine.max_model_len,
+            "engine": self.spec.kind,
+            "model": self.spec.model,
+            "worker": _worker_address(),
+            "tokenizer_files": await asyncio.to_thread(_tokenizer_files, engine),
+        }
+        return self._info
+
+    async def submit(self, request_id: str, prompt: list[int], params: dict[str, Any]) -> None:
+        """Queues a request; bad input raises ``ValueError`` (re-raised at the caller)."""
+        self._running().add_request(prompt, SamplingParams(**params), request_id)
+
+    async def abort(self, request_id: str) -> None:
+        self._running().abort(request_id)
+
+    async def stats(self) -> dict[str, Any]:
+        return self._running().stats().to_dict()
+
+    async def kv_events(self) -> list[dict[str, Any]]:
+        return [record.to_dict() for record in self._running().kv_events.drain()]
+
+    async def health(self) -> dict[str, Any]:
+        return {"name": self.name, "started": self._engine is not None}
+
+    async def stop(self) -> None:
+        if self._engine is not None:
+            await asyncio.to_thread(self._engine.shutdown)
+        if self._stream is not None:
+            await self._stream.close()
+        self._engine = self._stream = None
+        self._info = None
+
+    def _running(self) -> Engine:
+        if self._engine is None:
+            raise EngineNotStartedError(f"engine actor {self.name} has not started")
+        return self._engine
+
+
+def _worker_address() -> str:
+    from distributed import get_worker
+
+    try:
+        return str(get_worker().address)
+    except ValueError:
+        return "local"
+
+
+def _worker_host() -> str:
+    address = _worker_address()
+    if "://" not in address:
+        return "127.0.0.1"
+    return address.split("://", 1)[1].rsplit(":", 1)[0]
+
+
+def _share_cores_with_other_workers() -> None:
+    """Gives torch this worker's thread count, so N workers on one host don't oversubscribe."""
+    from distributed import get_worker
+
+    try:
+        threads = get_worker().state.nthreads
+    except ValueError:
+        return
+    import torch
+
+    torch.set_num_threads(max(1, min(threads, os.cpu_count() or 1)))
+
+
+def _tokenizer_files(engine: Engine) -> dict[str, bytes]:
+    """The engine's tokenizer as files, so the control plane never needs the weights."""
+    tokenizer = getattr(engine, "tokenizer", None)
+    if tokenizer is None:
+        return {}
+    with tempfile.TemporaryDirectory() as folder:
+        tokenizer.save_pretrained(folder)
+        return {p.name: p.read_bytes() for p in Path(folder).iterdir() if p.is_file()}

@@ -1,0 +1,123 @@
+"""Token deltas from an engine actor to the control plane, over one TCP stream per actor.
+
+Why not Dask RPCs: measured on this machine class, a delta pushed over a plain TCP
+stream reaches the control plane in 0.15–0.4 ms (p50), a long-poll ``drain()`` actor call
+takes 1.2–2 ms, and per-request polling 3 ms or more (127 ms under load). So control
+traffic (submit, abort, stats) uses actor calls, and deltas use this stream: each actor
+listens on its own port; the control plane keeps one connection per actor with every
+request multiplexed on it; the engine thread hands each step's deltas over in ONE frame.
+
+Frame: a 4-byte big-endian length, then a msgpack map ``{"k": kind, "d": payload}``.
+Kind ``"out"`` carries a list of request deltas (``encode_output`` / ``decode_output``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from typing import Any
+
+import msgpack
+
+from dynask.actors.engine.sequence import FinishReason, RequestOutput, Usage
+
+log = logging.getLogger(__name__)
+
+_HEADER = struct.Struct(">I")
+MAX_FRAME_BYTES = 64 * 2**20
+KIND_OUTPUTS = "out"
+
+
+def encode_frame(kind: str, payload: Any) -> bytes:
+    body: bytes = msgpack.packb({"k": kind, "d": payload}, use_bin_type=True)
+    return _HEADER.pack(len(body)) + body
+
+
+async def read_frame(reader: asyncio.StreamReader) -> tuple[str, Any]:
+    """The next frame; raises ``asyncio.IncompleteReadError`` at EOF."""
+    (size,) = _HEADER.unpack(await reader.readexactly(_HEADER.size))
+    if size > MAX_FRAME_BYTES:
+        raise ValueError(f"token stream frame of {size} bytes exceeds {MAX_FRAME_BYTES}")
+    message = msgpack.unpackb(await reader.readexactly(size), raw=False)
+    return str(message["k"]), message["d"]
+
+
+def encode_output(output: RequestOutput) -> dict[str, Any]:
+    item: dict[str, Any] = {"i": output.request_id, "x": output.text, "t": list(output.token_ids)}
+    if output.finish_reason is not None:
+        item["f"] = output.finish_reason.value
+        item["s"] = output.stop_reason
+    if output.usage is not None:
+        usage = output.usage
+        item["u"] = [usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens]
+    error = getattr(output, "error", None)
+    if error:
+        item["e"] = error
+    return item
+
+
+def decode_output(item: dict[str, Any]) -> RequestOutput:
+    usage = Usage(*item["u"]) if "u" in item else None
+    fields: dict[str, Any] = {}
+    if "e" in item and "error" in RequestOutput.__dataclass_fields__:
+        fields["error"] = item["e"]
+    return RequestOutput(
+        request_id=item["i"],
+        text=item["x"],
+        token_ids=tuple(item["t"]),
+        finish_reason=FinishReason(item["f"]) if "f" in item else None,
+        stop_reason=item.get("s"),
+        usage=usage,
+        **fields,
+    )
+
+
+class TokenStreamServer:
+    """Listens on a port; pushes every engine step's deltas to all connected readers.
+
+    ``publish`` is called on the engine thread; it hops onto the event loop that owns
+    the sockets with ``call_soon_threadsafe`` (one hop per step, not per token).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._server: asyncio.Server | None = None
+
+    async def start(self, host: str) -> str:
+        """Starts listening on an ephemeral port of ``host``; returns ``host:port``."""
+        self._server = await asyncio.start_server(self._on_connect, host, 0)
+        port = self._server.sockets[0].getsockname()[1]
+        return f"{host}:{port}"
+
+    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
+        try:
+            await reader.read()  # readers send nothing; EOF means they left
+        finally:
+            self._writers.discard(writer)
+            writer.close()
+
+    def publish(self, outputs: list[RequestOutput]) -> None:
+        """Engine-thread entry point: one frame for the whole step."""
+        frame = encode_frame(KIND_OUTPUTS, [encode_output(o) for o in outputs])
+        self._loop.call_soon_threadsafe(self._write, frame)
+
+    def _write(self, frame: bytes) -> None:
+        for writer in list(self._writers):
+            if writer.is_closing():
+                self._writers.discard(writer)
+            else:
+                writer.write(frame)
+
+    @property
+    def num_readers(self) -> int:
+        return len(self._writers)
+
+    async def close(self) -> None:
+        for writer in list(self._writers):
+            writer.close()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()

@@ -1,0 +1,114 @@
+"""The control plane's side of one engine actor: its Dask proxy and its token stream.
+
+One TCP connection per actor carries the deltas of all its requests; a reader task
+dispatches each delta to the queue of the request it belongs to. A request's deltas are
+consumed by ``generate``; a client that goes away aborts its request on the actor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from dynask.actors.engine.sequence import RequestOutput
+from dynask.actors.token_stream import KIND_OUTPUTS, decode_output, read_frame
+
+log = logging.getLogger(__name__)
+
+
+class ActorUnavailableError(RuntimeError):
+    """The actor's stream broke or the actor cannot be reached."""
+
+
+@dataclass
+class ActorHandle:
+    """An engine actor as the router sees it: identity, limits and live load."""
+
+    name: str
+    deployment: str
+    proxy: Any  # distributed.Actor
+    info: dict[str, Any]
+    in_flight: int = 0
+    stats: dict[str, Any] = field(default_factory=dict)
+    _queues: dict[str, asyncio.Queue[RequestOutput | None]] = field(default_factory=dict)
+    _reader_task: asyncio.Task[None] | None = None
+    _writer: asyncio.StreamWriter | None = None
+    broken: bool = False
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self.info["max_model_len"])
+
+    @property
+    def worker(self) -> str:
+        return str(self.info["worker"])
+
+    async def connect(self) -> None:
+        host, port = str(self.info["stream_address"]).rsplit(":", 1)
+        reader, self._writer = await asyncio.open_connection(host, int(port))
+        self._reader_task = asyncio.create_task(self._read(reader), name=f"stream-{self.name}")
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                kind, payload = await read_frame(reader)
+                if kind == KIND_OUTPUTS:
+                    for item in payload:
+                        self._dispatch(decode_output(item))
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            log.warning("token stream of %s closed: %s", self.name, exc)
+        finally:
+            self._mark_broken()
+
+    def _dispatch(self, output: RequestOutput) -> None:
+        queue = self._queues.get(output.request_id)
+        if queue is not None:
+            queue.put_nowait(output)
+
+    def _mark_broken(self) -> None:
+        self.broken = True
+        for queue in self._queues.values():
+            queue.put_nowait(None)  # wakes every waiter: its actor is gone
+
+    async def generate(
+        self, request_id: str, prompt: list[int], params: dict[str, Any]
+    ) -> AsyncIterator[RequestOutput]:
+        """Submits a request and yields its deltas until the final one."""
+        if self.broken:
+            raise ActorUnavailableError(f"engine actor {self.name} is unavailable")
+        queue: asyncio.Queue[RequestOutput | None] = asyncio.Queue()
+        self._queues[request_id] = queue
+        self.in_flight += 1
+        finished = False
+        try:
+            await self.proxy.submit(request_id, prompt, params)
+            while not finished:
+                output = await queue.get()
+                if output is None:
+                    raise ActorUnavailableError(f"engine actor {self.name} went away")
+                finished = output.finished
+                yield output
+        finally:
+            self.in_flight -= 1
+            del self._queues[request_id]
+            if not finished and not self.broken:
+                await self._abort_quietly(request_id)
+
+    async def _abort_quietly(self, request_id: str) -> None:
+        try:
+            await asyncio.shield(self.proxy.abort(request_id))
+        except Exception as exc:  # the request is gone either way; say why in the log
+            log.warning("abort of %s on %s failed: %s", request_id, self.name, exc)
+
+    async def refresh_stats(self) -> dict[str, Any]:
+        self.stats = dict(await self.proxy.stats())
+        return self.stats
+
+    async def close(self) -> None:
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+        if self._writer is not None:
+            self._writer.close()

@@ -1,0 +1,112 @@
+"""What ``dynask run`` and ``dynask serve`` do once their arguments are parsed."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from dynask.control_plane.cluster import DeploymentPlan, served_name
+from dynask.control_plane.deploy_file import read_deploy_file
+
+IN_MODES = ("http", "text", "batch:FILE.jsonl")
+ENGINE_FORMS = ("torch", "echo", "mocker", "python:FILE.py")
+_TORCH_FLAGS = ("device", "dtype", "kv_cache_gib", "max_model_len", "max_num_seqs")
+
+
+def _check_input(mode: str) -> None:
+    if mode in ("http", "text") or (mode.startswith("batch:") and mode != "batch:"):
+        return
+    if mode == "batch:":
+        raise ValueError("in=batch: needs a file, e.g. in=batch:prompts.jsonl")
+    raise ValueError(
+        f"in={mode} is not an input mode; use one of: " + ", ".join(f"in={m}" for m in IN_MODES)
+    )
+
+
+def _engine_args(args: argparse.Namespace, kind: str) -> dict[str, Any]:
+    """Only the flags the user set; the engine factory rejects ones its engine lacks."""
+    given = {name: getattr(args, name) for name in _TORCH_FLAGS}
+    given = {k: v for k, v in given.items() if v is not None and v != "auto"}
+    return given
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from dynask.actors.engine.loader import resolve_model
+    from dynask.actors.engine_factory import EngineSpec, parse_engine
+
+    _check_input(args.input)
+    kind, python_file = parse_engine(args.engine)
+    if args.model and args.model_path and args.model != args.model_path:
+        raise ValueError(f"two models given ({args.model!r} and --model-path {args.model_path!r})")
+    model = args.model or args.model_path
+    # Resolve here, once: a bad path fails before any worker starts, and a GGUF file is
+    # converted by this process rather than by every worker at the same time.
+    resolve_model(model)
+    spec = EngineSpec(
+        kind=kind, model=model, python_file=python_file, engine_args=_engine_args(args, kind)
+    )
+    if args.input == "http":
+        return _serve_http(
+            args,
+            [
+                DeploymentPlan(
+                    name="default",
+                    served_model_name=args.model_name or served_name(model),
+                    spec=spec,
+                    replicas=args.workers,
+                )
+            ],
+            scheduler=None,
+            n_workers=args.workers,
+        )
+    if kind != "torch":
+        raise ValueError(f"in={args.input} runs the built-in engine only; drop out={args.engine}")
+    return _run_local(args, model)
+
+
+def _run_local(args: argparse.Namespace, model: str | None) -> int:
+    from dynask.actors.engine.config import EngineConfig
+    from dynask.actors.engine.engine import LLMEngine
+    from dynask.actors.engine.sampling import SamplingParams
+
+    config = EngineConfig(model=model, **_engine_args(args, "torch"))
+    print(f"loading {model or 'the bundled SmolLM2-135M-Instruct'} ...", file=sys.stderr)
+    engine = LLMEngine(config)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
+    engine.start()
+    try:
+        if args.input.startswith("batch:"):
+            from dynask.control_plane.batch_input import run_batch
+
+            return run_batch(engine, args.input.removeprefix("batch:"), params)
+        from dynask.control_plane.text_chat import run_text_chat
+
+        return run_text_chat(engine, params)
+    finally:
+        engine.shutdown()
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    deployments = read_deploy_file(args.deploy_file) if args.deploy_file else []
+    if not deployments:
+        raise ValueError("no deployments: pass -f deploy.yaml (see deploy/deploy.yaml)")
+    return _serve_http(args, deployments, scheduler=args.scheduler, n_workers=0)
+
+
+def _serve_http(
+    args: argparse.Namespace,
+    deployments: list[DeploymentPlan],
+    scheduler: str | None,
+    n_workers: int,
+) -> int:
+    from dynask.control_plane.http_server import ControlPlane, ServerOptions
+
+    options = ServerOptions(
+        host=args.host,
+        port=args.port,
+        router_mode=args.router_mode,
+        scheduler_address=scheduler,
+        n_workers=n_workers,
+    )
+    return ControlPlane(deployments, options).serve()

@@ -1,0 +1,195 @@
+"""The Dask side of the control plane: the cluster, engine actors on workers, reconciling.
+
+``dynask run`` starts an embedded ``LocalCluster`` of worker processes (isolated as on a
+real cluster); ``dynask serve`` connects to an existing scheduler. Either way the control
+plane's client uses ``direct_to_workers=True``: actor calls then go straight to the worker
+instead of through the scheduler (measured here 2–3x faster).
+
+The reconciler makes the cluster match the desired deployments: each replica is one
+``EngineActor`` on its own worker (a worker with a ``GPU`` resource gives one GPU to it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from distributed import Client, LocalCluster
+
+from dynask.actors.engine_actor import EngineActor
+from dynask.actors.engine_factory import EngineSpec
+from dynask.actors.gpu_discovery import GPUDiscoveryPlugin
+from dynask.control_plane.actor_handle import ActorHandle
+from dynask.control_plane.service import ServingService
+
+log = logging.getLogger(__name__)
+
+RECONCILE_INTERVAL_S = 5.0
+
+
+@dataclass(frozen=True)
+class DeploymentPlan:
+    """One deployment as the runtime needs it."""
+
+    name: str
+    served_model_name: str
+    spec: EngineSpec
+    replicas: int = 1
+
+
+def served_name(model: str | None) -> str:
+    """The model name clients use: the file stem, folder name or hub id."""
+    if not model:
+        return "SmolLM2-135M-Instruct"
+    path = Path(model)
+    if path.exists():
+        return path.stem.split(".")[0] if path.is_file() else path.name
+    return model
+
+
+ActorEventHook = Callable[[str, str, dict[str, Any]], None]
+
+
+class ClusterRuntime:
+    """Owns the Dask client (and the embedded cluster) and the engine actors."""
+
+    def __init__(
+        self,
+        service: ServingService,
+        deployments: list[DeploymentPlan],
+        scheduler_address: str | None = None,
+        n_workers: int = 1,
+        on_actor_event: ActorEventHook | None = None,
+    ) -> None:
+        self.service = service
+        self.deployments = deployments
+        self.scheduler_address = scheduler_address
+        self.n_workers = n_workers
+        self.cluster: LocalCluster | None = None
+        self.client: Client | None = None
+        self._on_actor_event = on_actor_event or (lambda *_: None)
+        self._handles: dict[str, ActorHandle] = {}
+        self._reconciler: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        address = self.scheduler_address
+        if address is None:
+            cores = os.cpu_count() or 1
+            self.cluster = await LocalCluster(  # type: ignore[no-untyped-call]
+                n_workers=self.n_workers,
+                threads_per_worker=max(1, cores // self.n_workers),
+                processes=True,
+                asynchronous=True,
+                dashboard_address=None,
+            )
+            address = self.cluster.scheduler_address
+        self.client = await Client(  # type: ignore[no-untyped-call]
+            address, asynchronous=True, direct_to_workers=True
+        )
+        await self.client.register_plugin(GPUDiscoveryPlugin())
+        await self.reconcile()
+        self._reconciler = asyncio.create_task(self._reconcile_forever(), name="reconciler")
+
+    async def _reconcile_forever(self) -> None:
+        while True:
+            await asyncio.sleep(RECONCILE_INTERVAL_S)
+            try:
+                await self.reconcile()
+            except Exception:
+                log.exception("reconcile failed; retrying in %.0fs", RECONCILE_INTERVAL_S)
+
+    async def reconcile(self) -> None:
+        """Creates missing replicas on free workers; drops actors whose stream broke."""
+        async with self._lock:
+            self._drop_broken()
+            for deployment in self.deployments:
+                missing = deployment.replicas - self._count(deployment.name)
+                for worker in (await self._free_workers())[: max(0, missing)]:
+                    await self._start_actor(deployment, worker)
+
+    def _drop_broken(self) -> None:
+        for name, handle in list(self._handles.items()):
+            if handle.broken:
+                log.warning("engine actor %s is gone; a replacement will be started", name)
+                self.service.remove_actor(name)
+                del self._handles[name]
+                self._on_actor_event(name, "lost", {"worker": handle.worker})
+
+    def _count(self, deployment: str) -> int:
+        return sum(1 for h in self._handles.values() if h.deployment == deployment)
+
+    async def _free_workers(self) -> list[dict[str, Any]]:
+        assert self.client is not None
+        info = await self.client.scheduler.identity(n_workers=-1)  # type: ignore[union-attr]
+        used = {h.worker for h in self._handles.values()}
+        workers = [{"address": a, **w} for a, w in info["workers"].items() if a not in used]
+        return sorted(workers, key=lambda w: str(w["address"]))
+
+    async def _start_actor(self, deployment: DeploymentPlan, worker: dict[str, Any]) -> None:
+        assert self.client is not None
+        name = self._actor_name(deployment.name)
+        address = str(worker["address"])
+        resources = {"GPU": 1} if worker.get("resources", {}).get("GPU") else None
+        self._on_actor_event(name, "starting", {"worker": address})
+        try:
+            future = self.client.submit(
+                EngineActor,
+                deployment.spec,
+                name,
+                actor=True,
+                workers=[address],
+                allow_other_workers=False,
+                resources=resources,
+                key=name,
+                pure=False,
+            )
+            proxy = await future
+            info = await proxy.start()
+            handle = ActorHandle(name=name, deployment=deployment.name, proxy=proxy, info=info)
+            await handle.connect()
+        except Exception as exc:
+            log.error("engine actor %s failed to start on %s: %s", name, address, exc)
+            self._on_actor_event(name, "failed", {"worker": address, "error": str(exc)})
+            raise
+        self._handles[name] = handle
+        self.service.add_actor(deployment.served_model_name, handle)
+        self._on_actor_event(
+            name, "ready", {"worker": address, "stream_address": info["stream_address"]}
+        )
+        log.info("engine actor %s ready on %s (stream %s)", name, address, info["stream_address"])
+
+    def _actor_name(self, deployment: str) -> str:
+        index = 0
+        while f"{deployment}-{index}" in self._handles:
+            index += 1
+        return f"{deployment}-{index}"
+
+    async def refresh_stats(self) -> None:
+        for handle in list(self._handles.values()):
+            if not handle.broken:
+                stats = await handle.refresh_stats()
+                self.service.metrics.observe_actor(handle.name, stats)
+
+    async def stop(self) -> None:
+        if self._reconciler is not None:
+            self._reconciler.cancel()
+        for handle in self._handles.values():
+            await handle.close()
+            if not handle.broken:
+                try:
+                    await asyncio.wait_for(handle.proxy.stop(), timeout=10)
+                except Exception as exc:  # shutting down: report, keep closing the rest
+                    log.warning("stopping %s failed: %s", handle.name, exc)
+        self._handles.clear()
+        if self.client is not None:
+            await self.client.close()  # type: ignore[no-untyped-call]
+        if self.cluster is not None:
+            closing = self.cluster.close()
+            if closing is not None:
+                await closing

@@ -1,0 +1,151 @@
+"""SQLAlchemy models of the control plane's state: deployments, workers, actors, events.
+
+Design decisions:
+- The schema is created only by the Alembic migrations in ``migrations/``; these models
+  mirror them for queries, and a test checks that the two agree (``compare_metadata``).
+- Timestamps are timezone-aware UTC on every backend: SQLite keeps no zone, so
+  ``UTCDateTime`` refuses naive values on the way in and marks values UTC on the way out.
+- Allowed values of the enum-like string columns live here as tuples, shared by the
+  repository's validation and the CHECK constraints.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    CheckConstraint,
+    DateTime,
+    Dialect,
+    ForeignKey,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+ENGINES = ("torch", "vllm", "mocker", "echo", "python")
+ROLES = ("aggregated", "prefill", "decode")
+WORKER_STATUSES = ("alive", "gone")
+ACTOR_STATUSES = ("starting", "ready", "failed", "stopped", "lost")
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware in UTC."""
+    return datetime.now(UTC)
+
+
+def one_of(column: str, values: tuple[str, ...]) -> str:
+    """A CHECK constraint's SQL text: ``column IN ('a', 'b')``."""
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """``DateTime(timezone=True)`` that always stores and returns aware UTC datetimes."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"Timestamp has value {value!r}; expected a timezone-aware one")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:  # SQLite stores no zone; we only ever write UTC
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    """Declarative base with deterministic constraint names (they appear in migrations)."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {  # noqa: RUF012 - SQLAlchemy reads this class attribute
+        datetime: UTCDateTime(),
+        dict[str, Any]: JSON(),
+        list[dict[str, Any]]: JSON(),
+    }
+
+
+class DeploymentRow(Base):
+    """A model served by ``replicas`` engine actors (desired state)."""
+
+    __tablename__ = "deployments"
+    __table_args__ = (
+        CheckConstraint("replicas >= 0", name="replicas_non_negative"),
+        CheckConstraint(one_of("engine", ENGINES), name="engine_known"),
+        CheckConstraint(one_of("role", ROLES), name="role_known"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    model: Mapped[str] = mapped_column(String(1024))
+    engine: Mapped[str] = mapped_column(String(16))
+    role: Mapped[str] = mapped_column(String(16))
+    replicas: Mapped[int] = mapped_column(Integer)
+    engine_args: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class WorkerRow(Base):
+    """A Dask worker the control plane has seen (observed state)."""
+
+    __tablename__ = "workers"
+    __table_args__ = (CheckConstraint(one_of("status", WORKER_STATUSES), name="status_known"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    address: Mapped[str] = mapped_column(String(255), unique=True)
+    name: Mapped[str] = mapped_column(String(255))
+    resources: Mapped[dict[str, Any]]
+    gpus: Mapped[list[dict[str, Any]]]
+    status: Mapped[str] = mapped_column(String(16))
+    last_seen: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ActorInstanceRow(Base):
+    """One engine actor of a deployment, placed on a worker (observed state)."""
+
+    __tablename__ = "actor_instances"
+    __table_args__ = (CheckConstraint(one_of("status", ACTOR_STATUSES), name="status_known"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    deployment_id: Mapped[int] = mapped_column(
+        ForeignKey("deployments.id", ondelete="CASCADE"), index=True
+    )
+    worker_address: Mapped[str] = mapped_column(String(255), index=True)
+    status: Mapped[str] = mapped_column(String(16))
+    stream_address: Mapped[str | None] = mapped_column(String(255))
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class EventRow(Base):
+    """One entry of the audit log: who did what to which subject, and when."""
+
+    __tablename__ = "events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    who: Mapped[str] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(64))
+    subject: Mapped[str] = mapped_column(String(255))
+    details: Mapped[dict[str, Any]]

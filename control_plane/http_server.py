@@ -1,0 +1,118 @@
+"""Running the control plane over HTTP: the app, its cluster runtime, and uvicorn.
+
+The server accepts connections at once (``/health`` answers 503 while engines load);
+the cluster and the engine actors start in the background. If they fail to start (a bad
+model path, say), the error is printed and the server exits with status 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from dynask.control_plane.app import build_app
+from dynask.control_plane.cluster import ClusterRuntime, DeploymentPlan
+from dynask.control_plane.metrics import ServingMetrics
+from dynask.control_plane.router import Router
+from dynask.control_plane.service import ServingService
+
+log = logging.getLogger(__name__)
+
+STATS_INTERVAL_S = 1.0
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    router_mode: str = "least-loaded"
+    scheduler_address: str | None = None  # None: an embedded LocalCluster
+    n_workers: int = 1
+
+
+class ControlPlane:
+    """Service + runtime + app, wired together."""
+
+    def __init__(self, deployments: list[DeploymentPlan], options: ServerOptions) -> None:
+        self.options = options
+        self.service = ServingService(ServingMetrics(), Router(options.router_mode))
+        self.runtime = ClusterRuntime(
+            self.service, deployments, options.scheduler_address, options.n_workers
+        )
+        self.startup_error: BaseException | None = None
+        self.server: uvicorn.Server | None = None
+        self.app = build_app(self.service, self._lifespan, self._extra_routes())
+
+    def _extra_routes(self) -> list[BaseRoute]:
+        async def engines(_: Request) -> Response:
+            await self.runtime.refresh_stats()
+            return JSONResponse(
+                [
+                    {
+                        "name": a.name,
+                        "deployment": a.deployment,
+                        "worker": a.worker,
+                        "in_flight": a.in_flight,
+                        "stats": a.stats,
+                    }
+                    for a in self.service.ready_actors()
+                ]
+            )
+
+        return [Route("/v1/engines", engines)]
+
+    @asynccontextmanager
+    async def _lifespan(self, _: Starlette) -> AsyncIterator[None]:
+        starting = asyncio.create_task(self.runtime.start(), name="runtime-start")
+        starting.add_done_callback(self._started)
+        stats = asyncio.create_task(self._refresh_stats_forever(), name="stats")
+        try:
+            yield
+        finally:
+            stats.cancel()
+            starting.cancel()
+            await self.runtime.stop()
+
+    def _started(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        self.startup_error = task.exception()
+        print(f"dynask: error: the engines did not start: {self.startup_error}", file=sys.stderr)
+        if self.server is not None:
+            self.server.should_exit = True
+
+    async def _refresh_stats_forever(self) -> None:
+        while True:
+            await asyncio.sleep(STATS_INTERVAL_S)
+            try:
+                await self.runtime.refresh_stats()
+            except Exception as exc:  # an actor may be gone; the reconciler handles that
+                log.debug("stats refresh failed: %s", exc)
+
+    def serve(self) -> int:
+        config = uvicorn.Config(
+            self.app,
+            host=self.options.host,
+            port=self.options.port,
+            log_level="warning",
+            lifespan="on",
+            timeout_graceful_shutdown=5,
+        )
+        self.server = uvicorn.Server(config)
+        print(
+            f"dynask: serving on http://{self.options.host}:{self.options.port} "
+            "(OpenAI API under /v1; engines are loading)",
+            file=sys.stderr,
+        )
+        self.server.run()
+        return 1 if self.startup_error is not None else 0

@@ -1,0 +1,238 @@
+"""The OpenAI-compatible endpoints: chat completions, completions, models.
+
+Streaming responses are SSE (sse-starlette): one ``data:`` event per delta, a final chunk
+with ``finish_reason``, an optional usage chunk (``stream_options.include_usage``), then
+``data: [DONE]``. When the client disconnects, the response generator is cancelled and
+``ActorHandle.generate`` aborts the request on its actor, which frees its blocks.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from sse_starlette.sse import EventSourceResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from dynask.actors.engine.sequence import FinishReason, RequestOutput, Usage
+from dynask.control_plane.errors import APIError
+from dynask.control_plane.openai_schema import GenerationRequest, parse_chat, parse_completion
+from dynask.control_plane.service import PreparedRequest, ServingService
+
+MAX_BODY_BYTES = 4 * 2**20
+
+
+def make_openai_routes(service: ServingService) -> list[Route]:
+    async def chat(request: Request) -> Response:
+        return await _serve(service, request, parse_chat, _ChatFormat)
+
+    async def completions(request: Request) -> Response:
+        return await _serve(service, request, parse_completion, _CompletionFormat)
+
+    async def models(_: Request) -> Response:
+        data = [
+            {
+                "id": m.name,
+                "object": "model",
+                "created": m.created,
+                "owned_by": "dynask",
+                "max_model_len": m.max_model_len,
+            }
+            for m in service.models.values()
+            if m.actors
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    return [
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+    ]
+
+
+async def read_json(request: Request) -> Any:
+    body = await request.body()
+    if len(body) > MAX_BODY_BYTES:
+        raise APIError(
+            f"the request body has {len(body)} bytes; the limit is {MAX_BODY_BYTES}",
+            status=413,
+            code="body_too_large",
+        )
+    try:
+        return json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise APIError(
+            f"the request body is not valid JSON: {exc}", param="body", code="invalid_json"
+        ) from exc
+
+
+async def _serve(
+    service: ServingService,
+    request: Request,
+    parse: Callable[[Any], GenerationRequest],
+    fmt: type[_Format],
+) -> Response:
+    started = time.monotonic()
+    parsed = parse(await read_json(request))
+    prepared = service.prepare(parsed, fmt.id_prefix)
+    formatter = fmt(prepared, parsed.model)
+    metrics = service.metrics
+    metrics.input_tokens.labels(parsed.model).inc(len(prepared.prompt_ids))
+    if parsed.stream:
+        events = _sse_events(service, prepared, formatter, parsed.include_usage, started)
+        return EventSourceResponse(events, ping=600, sep="\n")
+    outputs = [o async for o in _tracked(service, prepared, started)]
+    return JSONResponse(formatter.whole(outputs))
+
+
+async def _tracked(
+    service: ServingService, prepared: PreparedRequest, started: float
+) -> AsyncIterator[RequestOutput]:
+    """The request's deltas, with metrics recorded on the way."""
+    metrics, model = service.metrics, prepared.model.name
+    metrics.in_flight.inc()
+    status, last = "error", None
+    try:
+        async for output in service.generate(prepared):
+            now = time.monotonic()
+            if last is None:
+                metrics.ttft.labels(model).observe(now - started)
+            else:
+                metrics.itl.labels(model).observe(now - last)
+            last = now
+            metrics.output_tokens.labels(model).inc(len(output.token_ids))
+            if output.finish_reason is FinishReason.ABORT:
+                raise APIError(
+                    f"the engine stopped request {prepared.request_id} before it finished"
+                    + (f": {output.error}" if getattr(output, "error", None) else ""),
+                    status=500,
+                    code="engine_aborted",
+                )
+            yield output
+        status = "ok"
+    finally:
+        metrics.in_flight.dec()
+        metrics.requests.labels(model, prepared.request_id.split("-")[0], status).inc()
+
+
+async def _sse_events(
+    service: ServingService,
+    prepared: PreparedRequest,
+    formatter: _Format,
+    include_usage: bool,
+    started: float,
+) -> AsyncIterator[dict[str, str]]:
+    first = formatter.opening()
+    if first is not None:
+        yield {"data": json.dumps(first)}
+    try:
+        async for output in _tracked(service, prepared, started):
+            yield {"data": json.dumps(formatter.chunk(output))}
+            if output.finished and include_usage and output.usage is not None:
+                yield {"data": json.dumps(formatter.usage_chunk(output.usage))}
+    except APIError as exc:  # the status line is sent already: report it in the stream
+        yield {"data": json.dumps(exc.body())}
+    yield {"data": "[DONE]"}
+
+
+def usage_dict(usage: Usage | None) -> dict[str, Any] | None:
+    if usage is None:
+        return None
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+class _Format:
+    id_prefix = "x"
+    object_whole = ""
+    object_chunk = ""
+
+    def __init__(self, prepared: PreparedRequest, model: str) -> None:
+        self.id = prepared.request_id
+        self.model = model
+        self.created = int(time.time())
+
+    def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+
+    def opening(self) -> dict[str, Any] | None:
+        return None
+
+    def chunk(self, output: RequestOutput) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def whole(self, outputs: list[RequestOutput]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
+        return {**self._envelope(self.object_chunk, []), "usage": usage_dict(usage)}
+
+
+def _finish(output: RequestOutput) -> str | None:
+    reason = output.finish_reason
+    return None if reason is None else reason.value
+
+
+class _ChatFormat(_Format):
+    id_prefix = "chatcmpl"
+    object_whole = "chat.completion"
+    object_chunk = "chat.completion.chunk"
+
+    def opening(self) -> dict[str, Any]:
+        choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+        return self._envelope(self.object_chunk, [choice])
+
+    def chunk(self, output: RequestOutput) -> dict[str, Any]:
+        delta = {"content": output.text} if output.text or not output.finished else {}
+        choice = {"index": 0, "delta": delta, "finish_reason": _finish(output)}
+        return self._envelope(self.object_chunk, [choice])
+
+    def whole(self, outputs: list[RequestOutput]) -> dict[str, Any]:
+        text = "".join(o.text for o in outputs)
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": _finish(outputs[-1]),
+            "logprobs": None,
+        }
+        return {
+            **self._envelope(self.object_whole, [choice]),
+            "usage": usage_dict(outputs[-1].usage),
+        }
+
+
+class _CompletionFormat(_Format):
+    id_prefix = "cmpl"
+    object_whole = "text_completion"
+    object_chunk = "text_completion"
+
+    def chunk(self, output: RequestOutput) -> dict[str, Any]:
+        choice = {
+            "index": 0,
+            "text": output.text,
+            "finish_reason": _finish(output),
+            "logprobs": None,
+        }
+        return self._envelope(self.object_chunk, [choice])
+
+    def whole(self, outputs: list[RequestOutput]) -> dict[str, Any]:
+        text = "".join(o.text for o in outputs)
+        choice = {"index": 0, "text": text, "finish_reason": _finish(outputs[-1]), "logprobs": None}
+        return {
+            **self._envelope(self.object_whole, [choice]),
+            "usage": usage_dict(outputs[-1].usage),
+        }

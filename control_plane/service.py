@@ -1,0 +1,150 @@
+"""The serving core behind the HTTP API: models, their actors, prompts and generation."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dynask.actors.engine.sequence import RequestOutput
+from dynask.control_plane.actor_handle import ActorHandle, ActorUnavailableError
+from dynask.control_plane.errors import APIError, invalid
+from dynask.control_plane.metrics import ServingMetrics
+from dynask.control_plane.openai_schema import GenerationRequest
+from dynask.control_plane.router import Router
+
+
+@dataclass
+class ServedModel:
+    name: str
+    tokenizer: Any
+    actors: list[ActorHandle] = field(default_factory=list)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def max_model_len(self) -> int:
+        return min(a.max_model_len for a in self.actors) if self.actors else 0
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A validated request turned into what an actor takes."""
+
+    request_id: str
+    model: ServedModel
+    prompt_ids: list[int]
+    params: dict[str, Any]
+
+
+class ServingService:
+    def __init__(self, metrics: ServingMetrics, router: Router) -> None:
+        self.metrics = metrics
+        self.router = router
+        self.models: dict[str, ServedModel] = {}
+
+    # ---- actors -------------------------------------------------------------------
+
+    def add_actor(self, model_name: str, handle: ActorHandle) -> None:
+        model = self.models.get(model_name)
+        if model is None:
+            model = ServedModel(model_name, tokenizer_from_files(handle.info["tokenizer_files"]))
+            self.models[model_name] = model
+        model.actors.append(handle)
+
+    def remove_actor(self, actor_name: str) -> ActorHandle | None:
+        for model in self.models.values():
+            for handle in model.actors:
+                if handle.name == actor_name:
+                    model.actors.remove(handle)
+                    return handle
+        return None
+
+    def actors(self) -> list[ActorHandle]:
+        return [a for m in self.models.values() for a in m.actors]
+
+    def ready_actors(self) -> list[ActorHandle]:
+        return [a for a in self.actors() if not a.broken]
+
+    # ---- requests -----------------------------------------------------------------
+
+    def prepare(self, request: GenerationRequest, prefix: str) -> PreparedRequest:
+        model = self.model(request.model)
+        prompt_ids = self._prompt_ids(model, request)
+        limit = model.max_model_len
+        if len(prompt_ids) >= limit:
+            raise invalid(
+                "messages" if request.messages is not None else "prompt",
+                f"this model's context is {limit} tokens, but the prompt has {len(prompt_ids)} "
+                "tokens; shorten the prompt",
+            )
+        max_tokens = request.max_tokens or limit - len(prompt_ids)
+        if len(prompt_ids) + max_tokens > limit:
+            raise invalid(
+                "max_tokens",
+                f"this model's context is {limit} tokens: the prompt has {len(prompt_ids)} "
+                f"tokens and max_tokens is {max_tokens}; ask for at most "
+                f"{limit - len(prompt_ids)} tokens",
+            )
+        params = {**request.sampling, "max_tokens": max_tokens}
+        return PreparedRequest(f"{prefix}-{uuid.uuid4().hex}", model, prompt_ids, params)
+
+    def model(self, name: str) -> ServedModel:
+        model = self.models.get(name)
+        if model is None or not model.actors:
+            available = ", ".join(sorted(m for m, v in self.models.items() if v.actors)) or "none"
+            raise APIError(
+                f"the model '{name}' does not exist or has no ready engine; available: {available}",
+                status=404,
+                param="model",
+                code="model_not_found",
+            )
+        return model
+
+    def _prompt_ids(self, model: ServedModel, request: GenerationRequest) -> list[int]:
+        if request.messages is not None:
+            ids = model.tokenizer.apply_chat_template(
+                request.messages, add_generation_prompt=True, tokenize=True
+            )
+            if not isinstance(ids, list):
+                ids = ids["input_ids"]
+            return [int(t) for t in ids]
+        if isinstance(request.prompt, str):
+            return [int(t) for t in model.tokenizer.encode(request.prompt)]
+        vocab = len(model.tokenizer)
+        prompt = list(request.prompt or [])
+        bad = next((t for t in prompt if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise invalid("prompt", f"token id {bad} is outside the vocabulary [0, {vocab})")
+        return prompt
+
+    async def generate(self, prepared: PreparedRequest) -> AsyncIterator[RequestOutput]:
+        """Routes the request to an actor and yields its deltas."""
+        actor = self.router.choose(prepared.model.actors)
+        if actor is None:
+            raise APIError(
+                f"no engine for model '{prepared.model.name}' is ready; retry shortly",
+                status=503,
+                code="no_ready_engine",
+                headers={"Retry-After": "1"},
+            )
+        try:
+            async for output in actor.generate(
+                prepared.request_id, prepared.prompt_ids, prepared.params
+            ):
+                yield output
+        except ActorUnavailableError as exc:
+            raise APIError(str(exc), status=503, code="engine_unavailable") from exc
+
+
+def tokenizer_from_files(files: dict[str, bytes]) -> Any:
+    """A tokenizer rebuilt from the files an actor sent (the control plane has no weights)."""
+    from transformers import AutoTokenizer
+
+    with tempfile.TemporaryDirectory() as folder:
+        for name, data in files.items():
+            (Path(folder) / name).write_bytes(data)
+        return AutoTokenizer.from_pretrained(folder)

@@ -1,0 +1,65 @@
+"""Starting real ``dynask`` / ``dask`` processes for end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    handle = log.open("wb")
+    return subprocess.Popen(
+        args, stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True
+    )
+
+
+def wait_healthy(
+    base_url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 240
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"server not healthy after {timeout}s:\n{log.read_text()[-3000:]}")
+
+
+def stop(proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def wait_for_engines(base_url: str, count: int, timeout: float = 120) -> list[dict[str, object]]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        engines = httpx.get(f"{base_url}/v1/engines", timeout=10).json()
+        if len(engines) >= count:
+            return list(engines)
+        time.sleep(0.5)
+    raise TimeoutError(f"fewer than {count} engines after {timeout}s")

@@ -137,9 +137,20 @@ class EchoEngine:
                 self._wakeup.wait()
                 self._wakeup.clear()
                 continue
-            self.step()
+            try:
+                self.step()
+            except Exception:
+                log.exception("echo step failed; aborting the requests in flight")
+                self._fail_in_flight()
             if self.delay_s:
                 self._stopping.wait(self.delay_s)
+
+    def _fail_in_flight(self) -> None:
+        failed = list(self._running.values())
+        self._running.clear()
+        for progress in failed:
+            progress.finish(FinishReason.ABORT)
+        self._fanout.publish([progress.delta() for progress in failed])
 
     def _drain_inbox(self) -> list[RequestOutput]:
         outputs = []

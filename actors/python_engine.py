@@ -200,8 +200,9 @@ class PythonEngine:
     async def _serve(self, progress: RequestProgress) -> None:
         try:
             await self._generate_into(progress)
-            progress.finish(FinishReason.STOP)
-            self._publish(progress.delta())
+            if not progress.finished:  # the generator returned: a natural end
+                progress.finish(FinishReason.STOP)
+                self._publish(progress.delta())
         except asyncio.CancelledError:
             if self._stopping:
                 raise

@@ -89,8 +89,6 @@ def _run_local(args: argparse.Namespace, model: str | None) -> int:
 
 def serve_command(args: argparse.Namespace) -> int:
     deployments = read_deploy_file(args.deploy_file) if args.deploy_file else []
-    if not deployments:
-        raise ValueError("no deployments: pass -f deploy.yaml (see deploy/deploy.yaml)")
     return _serve_http(args, deployments, scheduler=args.scheduler, n_workers=0)
 
 
@@ -108,5 +106,6 @@ def _serve_http(
         router_mode=args.router_mode,
         scheduler_address=scheduler,
         n_workers=n_workers,
+        database_url=args.database_url,
     )
     return ControlPlane(deployments, options).serve()

@@ -136,7 +136,16 @@ class ClusterRuntime:
         name = self._actor_name(deployment.name)
         address = str(worker["address"])
         resources = {"GPU": 1} if worker.get("resources", {}).get("GPU") else None
-        self._on_actor_event(name, "starting", {"worker": address})
+        self._on_actor_event(
+            name,
+            "starting",
+            {
+                "worker": address,
+                "deployment": deployment.name,
+                "worker_name": str(worker.get("name", address)),
+                "resources": dict(worker.get("resources", {})),
+            },
+        )
         try:
             future = self.client.submit(
                 EngineActor,

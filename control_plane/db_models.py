@@ -101,6 +101,8 @@ class DeploymentRow(Base):
     role: Mapped[str] = mapped_column(String(16))
     replicas: Mapped[int] = mapped_column(Integer)
     engine_args: Mapped[dict[str, Any]]
+    served_model_name: Mapped[str | None] = mapped_column(String(255))
+    engine_file: Mapped[str | None] = mapped_column(String(1024))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 

@@ -3,7 +3,7 @@
     deployments:
       - name: smollm2              # lowercase letters, digits, dashes
         model: /models/SmolLM2     # HF folder, .gguf file or hub id, as seen by the workers
-        model_name: smollm2        # what clients send as "model" (default: from the model)
+        model_name: smollm2        # what clients send as "model" (default: the name)
         engine: torch              # torch | echo | mocker | python:FILE.py
         replicas: 2                # one engine actor per worker
         engine_args: {kv_cache_gib: 2}
@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from dynask.control_plane.cluster import DeploymentPlan, served_name
+from dynask.control_plane.cluster import DeploymentPlan
 
 _KEYS = ("name", "model", "model_name", "engine", "replicas", "engine_args")
 
@@ -60,4 +60,4 @@ def _deployment(item: Any, index: int, path: str) -> DeploymentPlan:
     kind, python_file = parse_engine(str(item.get("engine", "torch")))
     model = item.get("model")
     spec = EngineSpec(kind=kind, model=model, python_file=python_file, engine_args=engine_args)
-    return DeploymentPlan(name, str(item.get("model_name") or served_name(model)), spec, replicas)
+    return DeploymentPlan(name, str(item.get("model_name") or name), spec, replicas)

@@ -22,9 +22,12 @@ from starlette.routing import BaseRoute, Route
 
 from dynask.control_plane.app import build_app
 from dynask.control_plane.cluster import ClusterRuntime, DeploymentPlan
+from dynask.control_plane.database import default_database_url, make_engine, upgrade
 from dynask.control_plane.metrics import ServingMetrics
+from dynask.control_plane.repository import Repository
 from dynask.control_plane.router import Router
 from dynask.control_plane.service import ServingService
+from dynask.control_plane.state_sync import ActorRecorder, store_deployments, stored_plans
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +41,8 @@ class ServerOptions:
     router_mode: str = "least-loaded"
     scheduler_address: str | None = None  # None: an embedded LocalCluster
     n_workers: int = 1
+    database_url: str | None = None  # None: $DYNASK_DATABASE_URL or the SQLite default
+    who: str = "cli"  # recorded in the event log
 
 
 class ControlPlane:
@@ -46,12 +51,33 @@ class ControlPlane:
     def __init__(self, deployments: list[DeploymentPlan], options: ServerOptions) -> None:
         self.options = options
         self.service = ServingService(ServingMetrics(), Router(options.router_mode))
+        self.repo = Repository(make_engine(options.database_url or default_database_url()))
+        self.deployments = self._desired_state(deployments)
         self.runtime = ClusterRuntime(
-            self.service, deployments, options.scheduler_address, options.n_workers
+            self.service,
+            self.deployments,
+            options.scheduler_address,
+            options.n_workers,
+            on_actor_event=ActorRecorder(self.repo),
         )
         self.startup_error: BaseException | None = None
         self.server: uvicorn.Server | None = None
         self.app = build_app(self.service, self._lifespan, self._extra_routes())
+
+    def _desired_state(self, deployments: list[DeploymentPlan]) -> list[DeploymentPlan]:
+        """Migrates the database, stores ``deployments``, or restores them when empty."""
+        upgrade(self.repo.engine)
+        if deployments:
+            store_deployments(self.repo, deployments, self.options.who)
+            return deployments
+        restored = stored_plans(self.repo)
+        if not restored:
+            raise ValueError(
+                "no deployments: pass -f deploy.yaml (see deploy/deploy.yaml); the database "
+                "holds none to restore"
+            )
+        log.info("restored %d deployments from the database", len(restored))
+        return restored
 
     def _extra_routes(self) -> list[BaseRoute]:
         async def engines(_: Request) -> Response:

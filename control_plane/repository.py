@@ -97,6 +97,8 @@ class DeploymentSpec:
     role: str = "aggregated"
     replicas: int = 1
     engine_args: Mapping[str, Any] = field(default_factory=dict)
+    served_model_name: str | None = None  # what clients send as "model"
+    engine_file: str | None = None  # the FILE.py of out=python
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not NAME_PATTERN.fullmatch(self.name):
@@ -127,6 +129,8 @@ class Deployment:
     role: str
     replicas: int
     engine_args: dict[str, Any]
+    served_model_name: str | None
+    engine_file: str | None
     created_at: datetime
     updated_at: datetime
 
@@ -201,6 +205,7 @@ class Repository:
     """Deployments, workers, actor instances and the event log over one Engine."""
 
     def __init__(self, engine: Engine) -> None:
+        self.engine = engine
         self._sessions = sessionmaker(engine, expire_on_commit=False)
 
     # -- deployments -------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -161,3 +162,25 @@ def test_bad_settings_name_the_field(tokenizer: Any) -> None:
         EchoEngine(tokenizer, delay_s=-1.0)
     with pytest.raises(ValueError, match="EchoEngine 'max_model_len' has value 1; expected"):
         EchoEngine(tokenizer, max_model_len=1)
+
+
+def test_a_failing_listener_aborts_in_flight_and_keeps_the_thread(
+    engine: EchoEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    failures = [RuntimeError("listener broke")]
+
+    def flaky(outputs: list[RequestOutput]) -> None:
+        if failures:
+            raise failures.pop()
+
+    engine.add_output_listener(flaky)
+    engine.start()
+    with caplog.at_level(logging.ERROR, logger="dynask.actors.echo_engine"):
+        first = engine.add_request([100, 200], SamplingParams(), "first")
+        first.wait(timeout=10)
+    second = engine.add_request([300], SamplingParams(), "second")
+    second.wait(timeout=10)
+
+    assert first.finish_reason == "abort"
+    assert "echo step failed" in caplog.text
+    assert (second.token_ids, second.finish_reason) == ([300], "stop")

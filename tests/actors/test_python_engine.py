@@ -134,10 +134,14 @@ def test_request_carries_prompt_text_params_and_id(make: Any, tokenizer: Any) ->
 
 def test_max_tokens_truncates_and_closes_the_generator(make: Any) -> None:
     engine = make(CLOSABLE)
+    calls: list[list[RequestOutput]] = []
+    engine.add_output_listener(calls.append)
 
     stream = engine.add_request(PROMPT, SamplingParams(max_tokens=4), "r")
     stream.wait(timeout=10)
+    engine.shutdown()  # lets anything still queued reach the listener
 
+    assert [[d.finished for d in call] for call in calls] == [[True]]  # one final delta
     assert stream.token_ids == [1000, 1001, 1002, 1003]
     assert stream.finish_reason == "length"
     assert stream.usage == Usage(4, 4, 0)

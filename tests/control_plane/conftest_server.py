@@ -13,7 +13,8 @@ from tests.control_plane import server_process as sp
 @pytest.fixture(scope="session")
 def tiny_server(tiny_llama_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = sp.free_port()
-    log = tmp_path_factory.mktemp("server") / "dynask-run.log"
+    folder = tmp_path_factory.mktemp("server")
+    log = folder / "dynask-run.log"
     proc = sp.start(
         [
             str(sp.BIN / "dynask"),
@@ -27,6 +28,8 @@ def tiny_server(tiny_llama_folder: Path, tmp_path_factory: pytest.TempPathFactor
             str(port),
             "--kv-cache-gib",
             "0.05",
+            "--database-url",
+            f"sqlite:///{folder / 'state.db'}",
         ],
         log,
     )

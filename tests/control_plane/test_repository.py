@@ -111,6 +111,8 @@ def test_create_deployment_logs_an_event(repo: Repository) -> None:
         "role": "aggregated",
         "replicas": 1,
         "engine_args": {},
+        "served_model_name": None,
+        "engine_file": None,
     }
     assert event.at.tzinfo is UTC
 

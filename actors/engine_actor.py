@@ -99,10 +99,13 @@ def _worker_address() -> str:
 
 
 def _worker_host() -> str:
+    """The host the worker listens on (so the control plane can reach the stream there)."""
+    from distributed.comm.addressing import get_address_host, parse_address
+
     address = _worker_address()
-    if "://" not in address:
-        return "127.0.0.1"
-    return address.split("://", 1)[1].rsplit(":", 1)[0]
+    if "://" not in address or parse_address(address)[0] not in ("tcp", "tls", "ucx", "ucxx"):
+        return "127.0.0.1"  # an in-process worker: same host as its caller
+    return str(get_address_host(address))
 
 
 def _share_cores_with_other_workers() -> None:

@@ -57,7 +57,11 @@ def _deployment(item: Any, index: int, path: str) -> DeploymentPlan:
     engine_args = item.get("engine_args") or {}
     if not isinstance(engine_args, dict):
         raise ValueError(f"{where} ({name}) 'engine_args' must be a mapping")
-    kind, python_file = parse_engine(str(item.get("engine", "torch")))
-    model = item.get("model")
-    spec = EngineSpec(kind=kind, model=model, python_file=python_file, engine_args=engine_args)
+    try:
+        kind, python_file = parse_engine(str(item.get("engine", "torch")))
+        spec = EngineSpec(
+            kind=kind, model=item.get("model"), python_file=python_file, engine_args=engine_args
+        )
+    except ValueError as exc:
+        raise ValueError(f"{where} ({name}): {exc}") from exc
     return DeploymentPlan(name, str(item.get("model_name") or name), spec, replicas)

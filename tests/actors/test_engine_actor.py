@@ -1,0 +1,109 @@
+"""``EngineActor`` in a real (in-process) Dask cluster: actor calls for control, the TCP
+token stream for deltas, errors that keep their type across the actor boundary."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from distributed import Client, LocalCluster
+
+from dynask.actors.engine.sequence import FinishReason, RequestOutput, Usage
+from dynask.actors.engine_actor import EngineActor
+from dynask.actors.engine_factory import EngineSpec
+from dynask.actors.token_stream import decode_output, encode_output
+from dynask.control_plane.actor_handle import ActorHandle
+
+
+def _with_actor(spec: EngineSpec, body: Callable[[ActorHandle], Awaitable[None]]) -> None:
+    async def main() -> None:
+        async with (
+            LocalCluster(
+                n_workers=1, processes=False, asynchronous=True, dashboard_address=None
+            ) as cluster,
+            Client(cluster, asynchronous=True, direct_to_workers=True) as client,
+        ):
+            proxy = await client.submit(EngineActor, spec, "actor-0", actor=True)
+            info = await proxy.start()
+            handle = ActorHandle(name="actor-0", deployment="d", proxy=proxy, info=info)
+            await handle.connect()
+            try:
+                await body(handle)
+            finally:
+                await handle.close()
+                await proxy.stop()
+
+    asyncio.run(main())
+
+
+def _tokenizer(folder: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def test_echo_actor_streams_the_prompt_back(smollm2_folder: Path) -> None:
+    prompt = _tokenizer(smollm2_folder).encode("The quick brown fox jumps")
+
+    async def body(handle: ActorHandle) -> None:
+        assert handle.info["stream_address"].startswith("127.0.0.1:")
+        assert "tokenizer.json" in handle.info["tokenizer_files"]
+        outputs = [o async for o in handle.generate("r1", prompt, {"max_tokens": 50})]
+        assert [t for o in outputs for t in o.token_ids] == prompt
+        assert "".join(o.text for o in outputs) == "The quick brown fox jumps"
+        assert outputs[-1].usage is not None and outputs[-1].usage.completion_tokens == len(prompt)
+
+    _with_actor(EngineSpec(kind="echo", model=str(smollm2_folder)), body)
+
+
+def test_bad_sampling_params_keep_their_type_across_the_actor_call(smollm2_folder: Path) -> None:
+    async def body(handle: ActorHandle) -> None:
+        with pytest.raises(ValueError, match="SamplingParams 'top_p' has value 5"):
+            await handle.proxy.submit("r1", [1, 2, 3], {"top_p": 5})
+        stats = await handle.proxy.stats()
+        assert (stats["num_running"], stats["num_waiting"]) == (0, 0)
+
+    _with_actor(EngineSpec(kind="echo", model=str(smollm2_folder)), body)
+
+
+def test_leaving_a_stream_early_aborts_and_frees_blocks(smollm2_folder: Path) -> None:
+    spec = EngineSpec(
+        kind="mocker",
+        model=str(smollm2_folder),
+        engine_args={"speedup_ratio": 50.0, "num_kv_blocks": 64},
+    )
+
+    async def body(handle: ActorHandle) -> None:
+        stream = handle.generate(
+            "r1", list(range(100, 140)), {"max_tokens": 500, "ignore_eos": True}
+        )
+        received = 0
+        async for _ in stream:
+            received += 1
+            if received == 3:
+                break
+        await stream.aclose()  # what a client disconnect does to the SSE generator
+        for _ in range(100):
+            stats = await handle.proxy.stats()
+            if stats["num_running"] == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert (stats["num_running"], stats["kv_usage"], stats["num_free_kv_blocks"]) == (
+            0,
+            0.0,
+            64,
+        )
+        events = await handle.proxy.kv_events()
+        assert [e["event"]["type"] for e in events][:1] == ["stored"]
+
+    _with_actor(spec, body)
+
+
+def test_outputs_survive_the_wire_format() -> None:
+    output = RequestOutput("r-1", "héllo", (5, 6), FinishReason.STOP, "</s>", Usage(3, 2, 1))
+    assert decode_output(encode_output(output)) == output
+    partial = RequestOutput("r-2", "", (7,))
+    assert decode_output(encode_output(partial)) == partial

@@ -34,11 +34,11 @@ def test_dynamo_style_arguments_become_flags() -> None:
     [
         (
             ["run", "in=voice"],
-            "in=voice is not an input mode; use one of: in=text, in=batch:FILE.jsonl",
+            "in=voice is not an input mode; use one of: in=http, in=text, in=batch:FILE.jsonl",
         ),
         (
             ["run", "out=sglang"],
-            "out=sglang is not an engine available here; use one of: out=torch",
+            "engine 'sglang' is not known; valid: torch, echo, mocker, python:FILE.py",
         ),
         (["run", "in=batch:"], "in=batch: needs a file, e.g. in=batch:prompts.jsonl"),
         (["run", "/no/such/model.gguf"], "model path '/no/such/model.gguf' does not exist"),

@@ -243,3 +243,21 @@ def test_unknown_route_is_an_openai_shaped_404(tiny_server: str) -> None:
     response = httpx.get(f"{tiny_server}/v1/nothing")
     assert response.status_code == 404
     assert json.loads(response.text)["error"]["code"] == "http_404"
+
+
+def test_stop_string_ends_the_reply_before_it(client: openai.OpenAI) -> None:
+    kwargs = dict(
+        model=MODEL,
+        prompt="The weather today",
+        max_tokens=20,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    full = client.completions.create(**kwargs).choices[0].text  # type: ignore[call-overload]
+    start = next(i for i in range(4, len(full) - 3) if full[i : i + 3] not in full[: i + 2])
+    stop = full[start : start + 3]
+
+    stopped = client.completions.create(stop=[stop], **kwargs).choices[0]  # type: ignore[call-overload]
+
+    assert stopped.text == full[: full.index(stop)]
+    assert stopped.finish_reason == "stop"

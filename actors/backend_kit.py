@@ -16,16 +16,15 @@ Design decisions:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from dynask.actors.engine.detokenizer import IncrementalDetokenizer
 from dynask.actors.engine.sampling import SamplingParams
 from dynask.actors.engine.sequence import FinishReason, RequestOutput, Usage
-from dynask.actors.engine.streams import RequestStream
+from dynask.actors.engine.streams import OutputFanout, OutputListener
 
-OutputListener = Callable[[list[RequestOutput]], None]
+__all__ = ["OutputFanout", "OutputListener", "RequestProgress", "TextDetokenizer", "check_prompt"]
 
 DEFAULT_MAX_MODEL_LEN = 8192
 
@@ -133,32 +132,3 @@ class RequestProgress:
     def _end(self, reason: FinishReason, stop_reason: str | int | None) -> None:
         self.finish_reason = reason
         self.stop_reason = stop_reason
-
-
-class OutputFanout:
-    """Hands each step's deltas to the request streams and to every output listener."""
-
-    def __init__(self) -> None:
-        self._streams: dict[str, RequestStream] = {}
-        self._listeners: list[OutputListener] = []
-
-    def open_stream(self, request_id: str, num_prompt_tokens: int) -> RequestStream:
-        """A stream that will receive ``request_id``'s deltas."""
-        stream = RequestStream(request_id, num_prompt_tokens)
-        self._streams[request_id] = stream
-        return stream
-
-    def add_listener(self, listener: OutputListener) -> None:
-        self._listeners.append(listener)
-
-    def publish(self, outputs: list[RequestOutput]) -> None:
-        """One call per listener with all of ``outputs``; nothing when there are none."""
-        for output in outputs:
-            stream = self._streams.get(output.request_id)
-            if stream is not None:
-                stream.put(output)
-                if output.finished:
-                    del self._streams[output.request_id]
-        if outputs:
-            for listener in self._listeners:
-                listener(outputs)

@@ -91,19 +91,11 @@ class EchoEngine:
 
     def stats(self) -> EngineStats:
         """Load only: an echo engine has no KV cache."""
-        return EngineStats(
-            num_running=len(self._running),
-            num_waiting=0,
-            num_kv_blocks=0,
-            num_free_kv_blocks=0,
-            num_cached_kv_blocks=0,
-            kv_usage=0.0,
-            prefix_queried_tokens=0,
-            prefix_hit_tokens=0,
-            num_preemptions=0,
-            num_steps=self._counters["steps"],
-            prompt_tokens=self._counters["prompt_tokens"],
-            generated_tokens=self._counters["generated_tokens"],
+        return EngineStats.load_only(
+            len(self._running),
+            self._counters["steps"],
+            self._counters["prompt_tokens"],
+            self._counters["generated_tokens"],
         )
 
     def start(self) -> None:

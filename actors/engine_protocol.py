@@ -7,15 +7,12 @@ its own thread, and hands every step's deltas to its output listeners in one cal
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from dynask.actors.engine.sampling import SamplingParams
-from dynask.actors.engine.sequence import RequestOutput
 from dynask.actors.engine.stats import EngineStats
+from dynask.actors.engine.streams import OutputListener
 from dynask.kv.events import KVEventLog
-
-OutputListener = Callable[[list[RequestOutput]], None]
 
 
 @runtime_checkable

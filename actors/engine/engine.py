@@ -13,7 +13,7 @@ import logging
 import queue
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,12 +32,10 @@ from dynask.actors.engine.sequence import (
     SequenceStatus,
 )
 from dynask.actors.engine.stats import EngineStats
-from dynask.actors.engine.streams import RequestStream
+from dynask.actors.engine.streams import OutputFanout, OutputListener, RequestStream
 from dynask.kv.hashing import hash_seed
 
 log = logging.getLogger(__name__)
-
-OutputListener = Callable[[list[RequestOutput]], None]
 
 
 @dataclass(frozen=True)
@@ -60,9 +58,8 @@ class LLMEngine:
         )
         self.kv_events = self.parts.event_log
         self._inbox: queue.SimpleQueue[Sequence | _Abort] = queue.SimpleQueue()
-        self._streams: dict[str, RequestStream] = {}
+        self._fanout = OutputFanout()
         self._sequences: dict[str, Sequence] = {}
-        self._listeners: list[OutputListener] = []
         self._step_lock = threading.Lock()
         self._wakeup = threading.Event()
         self._stopping = threading.Event()
@@ -92,8 +89,7 @@ class LLMEngine:
             generator=make_generator(params.seed, self._rng),
             hash_seed=hash_seed(params.extra_keys),
         )
-        stream = RequestStream(request_id, len(token_ids))
-        self._streams[request_id] = stream
+        stream = self._fanout.open_stream(request_id, len(token_ids))
         self._inbox.put(seq)
         self._wakeup.set()
         return stream
@@ -105,7 +101,7 @@ class LLMEngine:
 
     def add_output_listener(self, listener: OutputListener) -> None:
         """Calls ``listener`` on the engine thread with every step's outputs (one call/step)."""
-        self._listeners.append(listener)
+        self._fanout.add_listener(listener)
 
     def apply_chat_template(self, messages: list[dict[str, Any]]) -> list[int]:
         """Token ids of a chat, with the model's template and the assistant prompt."""
@@ -254,15 +250,7 @@ class LLMEngine:
         )
 
     def _publish(self, outputs: list[RequestOutput]) -> None:
-        for output in outputs:
-            stream = self._streams.get(output.request_id)
-            if stream is not None:
-                stream.put(output)
-                if output.finished:
-                    del self._streams[output.request_id]
-        if outputs:
-            for listener in self._listeners:
-                listener(outputs)
+        self._fanout.publish(outputs)
 
     def _fail_in_flight(self) -> None:
         with self._step_lock:

@@ -21,6 +21,26 @@ class EngineStats:
     prompt_tokens: int
     generated_tokens: int
 
+    @classmethod
+    def load_only(
+        cls, num_running: int, steps: int, prompt_tokens: int, generated_tokens: int
+    ) -> EngineStats:
+        """Stats of an engine without a KV cache (echo, python): load and counters only."""
+        return cls(
+            num_running=num_running,
+            num_waiting=0,
+            num_kv_blocks=0,
+            num_free_kv_blocks=0,
+            num_cached_kv_blocks=0,
+            kv_usage=0.0,
+            prefix_queried_tokens=0,
+            prefix_hit_tokens=0,
+            num_preemptions=0,
+            num_steps=steps,
+            prompt_tokens=prompt_tokens,
+            generated_tokens=generated_tokens,
+        )
+
     @property
     def prefix_hit_rate(self) -> float:
         if not self.prefix_queried_tokens:

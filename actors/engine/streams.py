@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import queue
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from dynask.actors.engine.sequence import RequestOutput, Usage
+
+OutputListener = Callable[[list[RequestOutput]], None]
 
 
 class RequestStream:
@@ -71,3 +73,32 @@ class RequestStream:
     def usage(self) -> Usage | None:
         received = self._drain()
         return received[-1].usage if received else None
+
+
+class OutputFanout:
+    """Hands each step's deltas to the request streams and to every output listener."""
+
+    def __init__(self) -> None:
+        self._streams: dict[str, RequestStream] = {}
+        self._listeners: list[OutputListener] = []
+
+    def open_stream(self, request_id: str, num_prompt_tokens: int) -> RequestStream:
+        """A stream that will receive ``request_id``'s deltas."""
+        stream = RequestStream(request_id, num_prompt_tokens)
+        self._streams[request_id] = stream
+        return stream
+
+    def add_listener(self, listener: OutputListener) -> None:
+        self._listeners.append(listener)
+
+    def publish(self, outputs: list[RequestOutput]) -> None:
+        """One call per listener with all of ``outputs``; nothing when there are none."""
+        for output in outputs:
+            stream = self._streams.get(output.request_id)
+            if stream is not None:
+                stream.put(output)
+                if output.finished:
+                    del self._streams[output.request_id]
+        if outputs:
+            for listener in self._listeners:
+                listener(outputs)

@@ -80,6 +80,7 @@ SCENARIOS = ("mocker", "torch")
 MOCKER_ARGS = {"speedup_ratio": 0}  # no simulated model time: the control plane's ceiling
 TORCH_ARGS = {"kv_cache_gib": 1}
 IDLE_WINDOW_S = 3.0
+ENGINE_THREADS = 1  # the worker runs with --nthreads 1, and its engine gives torch as many
 
 
 @dataclass(frozen=True)
@@ -115,8 +116,9 @@ class CpuSample:
         )
 
 
-def warmup_count(concurrency: int) -> int:
-    return max(2 * concurrency, 10)
+def warmup_count(engine: str, concurrency: int) -> int:
+    """Enough to open every connection and fill the batch; fewer for the slow torch engine."""
+    return max(concurrency, 2) if engine == "torch" else max(2 * concurrency, 10)
 
 
 async def measure(
@@ -124,7 +126,7 @@ async def measure(
 ) -> Row:
     """Warm-up requests, then the measured window with CPU read just before and after."""
     spec = LoadSpec(concurrency, config.max_tokens, config.request_timeout_s)
-    warm = warmup_count(concurrency)
+    warm = warmup_count(engine, concurrency)
     async with new_client(spec, target.base_url) as client:
         await run_load(client, spec, target.model, prompts[:warm])
         before = CpuSample.take(target)
@@ -155,27 +157,41 @@ def idle_cpu_ms_per_s(target: ServingTarget) -> float:
 
 
 def measure_engine_ttft(tokenizer: Any, config: BenchConfig) -> EngineTTFT:
-    """Median time from ``add_request`` until a step hands out the first token."""
+    """Median time from ``add_request`` until a step hands out the first token.
+
+    Torch gets the thread count the worker's engine has (``--nthreads 1``), so both
+    engines compute alike; this process's own setting is restored afterwards.
+    """
+    import torch
+
     from dynask.actors.engine.config import EngineConfig
     from dynask.actors.engine.engine import LLMEngine
     from dynask.actors.engine.sampling import SamplingParams
 
-    engine = LLMEngine(EngineConfig(**TORCH_ARGS))
-    prompts = build_prompts(
-        tokenizer, config.engine_ttft_trials + 2, config.prompt_tokens, "engine-ttft"
-    )
-    times_ms = []
-    for prompt in prompts:  # the first two warm up
-        ids = [int(t) for t in tokenizer.encode(prompt)]
-        start = time.perf_counter()
-        stream = engine.add_request(ids, SamplingParams(max_tokens=1, temperature=0))
-        while not any(o.request_id == stream.request_id and o.token_ids for o in engine.step()):
-            pass
-        times_ms.append((time.perf_counter() - start) * 1000)
-        while not stream.finished:
-            engine.step()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(ENGINE_THREADS)
+    try:
+        engine = LLMEngine(EngineConfig(**TORCH_ARGS))
+        prompts = build_prompts(
+            tokenizer, config.engine_ttft_trials + 2, config.prompt_tokens, "engine-ttft"
+        )
+        prompt_ids = [[int(t) for t in tokenizer.encode(p)] for p in prompts]
+        times_ms = []
+        for ids in prompt_ids:  # the first two warm up
+            start = time.perf_counter()
+            stream = engine.add_request(ids, SamplingParams(max_tokens=1, temperature=0))
+            while not any(o.request_id == stream.request_id and o.token_ids for o in engine.step()):
+                pass
+            times_ms.append((time.perf_counter() - start) * 1000)
+            while not stream.finished:
+                engine.step()
+    finally:
+        torch.set_num_threads(threads)
     measured = times_ms[2:]
-    return EngineTTFT(len(ids), len(measured), statistics.median(measured), measured)
+    prompt_tokens = round(statistics.mean(len(ids) for ids in prompt_ids))
+    return EngineTTFT(
+        prompt_tokens, ENGINE_THREADS, len(measured), statistics.median(measured), measured
+    )
 
 
 @dataclass
@@ -190,17 +206,16 @@ class BenchRun:
     engine_ttft: EngineTTFT | None = None
     dynamo_skipped: str | None = None
 
-    def levels(self, target: ServingTarget, engine: str, levels: tuple[int, ...]) -> None:
-        """One measured window per concurrency level, each with its own prompts."""
+    def level(self, target: ServingTarget, engine: str, concurrency: int) -> None:
+        """One measured window at one concurrency, with prompts of its own."""
         requests = self.config.torch_requests if engine == "torch" else self.config.mocker_requests
-        for concurrency in levels:
-            tag = f"{target.system}-{engine}-c{concurrency}"
-            count = warmup_count(concurrency) + requests
-            prompts = build_prompts(self.tokenizer, count, self.config.prompt_tokens, tag)
-            _say(f"  {tag}: {requests} requests ...")
-            row = asyncio.run(measure(target, engine, concurrency, self.config, prompts))
-            _say("  " + format_row(row))
-            self.rows.append(row)
+        tag = f"{target.system}-{engine}-c{concurrency}"
+        count = warmup_count(engine, concurrency) + requests
+        prompts = build_prompts(self.tokenizer, count, self.config.prompt_tokens, tag)
+        _say(f"  {tag}: {requests} requests ...")
+        row = asyncio.run(measure(target, engine, concurrency, self.config, prompts))
+        _say("  " + format_row(row))
+        self.rows.append(row)
 
     @contextmanager
     def started(
@@ -217,17 +232,21 @@ class BenchRun:
             VENV_BIN, "mocker", MOCKER_ARGS, self.workdir / "mocker", self.config.ready_timeout_s
         )
         with self.started("dynask-mocker", stack) as target:
-            self.levels(target, "mocker", self.config.mocker_concurrency)
+            for concurrency in self.config.mocker_concurrency:
+                self.level(target, "mocker", concurrency)
 
     def torch(self) -> None:
-        """The HTTP rows, then the engine's own TTFT while the (idle) cluster is still up."""
+        """The HTTP rows; the engine's own TTFT right after 1 client, on the idle cluster."""
         stack = dynask_stack(
             VENV_BIN, "torch", TORCH_ARGS, self.workdir / "torch", self.config.ready_timeout_s
         )
         with self.started("dynask-torch", stack) as target:
-            self.levels(target, "torch", self.config.torch_concurrency)
-            _say("  engine TTFT in-process ...")
-            self.engine_ttft = measure_engine_ttft(self.tokenizer, self.config)
+            for concurrency in self.config.torch_concurrency:
+                self.level(target, "torch", concurrency)
+                if concurrency == 1:
+                    _say("  engine TTFT in-process ...")
+                    self.engine_ttft = measure_engine_ttft(self.tokenizer, self.config)
+                    _say(f"\n  engine TTFT p50 {self.engine_ttft.p50_ms:.1f} ms")
 
     def dynamo(self) -> None:
         """The mocker load against Dynamo; on failure, says why and records it."""
@@ -239,7 +258,8 @@ class BenchRun:
                 install.set_up(self.workdir / "dynamo-setup.log", DYNAMO_SETUP_TIMEOUT_S)
             stack = dynamo_stack(install, self.workdir / "dynamo", self.config.ready_timeout_s)
             with self.started("dynamo-mocker", stack) as target:
-                self.levels(target, "mocker", self.config.mocker_concurrency)
+                for concurrency in self.config.mocker_concurrency:
+                    self.level(target, "mocker", concurrency)
         except (RuntimeError, TimeoutError, OSError, ValueError) as exc:
             self.dynamo_skipped = f"{type(exc).__name__}: {exc}"
             _say(f"dynamo: skipped: {self.dynamo_skipped}")
@@ -285,7 +305,7 @@ def parse_args(argv: list[str] | None) -> tuple[BenchConfig, Path]:
         mocker_concurrency=(1, 16, 64),
         torch_concurrency=(1, 8),
         mocker_requests=args.requests or (100 if args.quick else 1000),
-        torch_requests=args.torch_requests or (8 if args.quick else 32),
+        torch_requests=args.torch_requests or (4 if args.quick else 16),
         prompt_tokens=args.prompt_tokens,
         max_tokens=args.max_tokens,
         engine_ttft_trials=3 if args.quick else 10,

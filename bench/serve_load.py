@@ -87,6 +87,7 @@ class LoadSummary:
     itl_p50_ms: float | None
     itl_p99_ms: float | None
     itl_max_ms: float | None
+    itl_max_after_chunk: int | None  # how many content chunks came before the longest gap
     tokens_per_chunk: float | None
     prompt_tokens_mean: float | None  # as the server counted them
 
@@ -212,9 +213,16 @@ def summarize(wall_s: float, records: list[RequestRecord], max_tokens: int) -> L
         itl_p50_ms=_percentile_ms(gaps, 50),
         itl_p99_ms=_percentile_ms(gaps, 99),
         itl_max_ms=_percentile_ms(gaps, 100),
+        itl_max_after_chunk=_longest_gap_position(ok),
         tokens_per_chunk=tokens / chunks if chunks else None,
         prompt_tokens_mean=float(np.mean(prompt_tokens)) if prompt_tokens else None,
     )
+
+
+def _longest_gap_position(records: list[RequestRecord]) -> int | None:
+    """1 when the longest gap of all requests followed their first chunk, and so on."""
+    positions = [(g, i + 1) for r in records for i, g in enumerate(r.gaps_s)]
+    return max(positions)[1] if positions else None
 
 
 def _percentile_ms(values: list[float], q: float) -> float | None:

@@ -39,6 +39,7 @@ class EngineTTFT:
     """The built-in engine's TTFT in this process, without HTTP or Dask in between."""
 
     prompt_tokens: int
+    torch_threads: int
     trials: int
     p50_ms: float
     all_ms: list[float]
@@ -64,8 +65,9 @@ def evaluate_goals(rows: list[Row], engine_ttft: EngineTTFT | None) -> dict[str,
     overhead = ttft_overhead_ms(rows, engine_ttft)
     return {
         "mocker_c64_cp_cpu_ms_per_req_le_2": None if cpu is None else cpu <= GOAL_CPU_MS_AT_64,
+        # negative: the two TTFTs differ by noise only, which proves nothing either way
         "torch_c1_ttft_overhead_ms_le_10": (
-            None if overhead is None else overhead <= GOAL_TTFT_OVERHEAD_MS
+            None if overhead is None or overhead < 0 else overhead <= GOAL_TTFT_OVERHEAD_MS
         ),
     }
 
@@ -118,12 +120,7 @@ def format_table(
             + ", ".join(f"{name} {ms:.1f}" for name, ms in idle.items())
         )
     if engine_ttft is not None:
-        overhead = ttft_overhead_ms(rows, engine_ttft)
-        lines.append(
-            f"torch engine TTFT in-process ({engine_ttft.prompt_tokens}-token prompt, "
-            f"median of {engine_ttft.trials}): {engine_ttft.p50_ms:.1f} ms; "
-            f"control-plane TTFT overhead at 1 client: {_num(overhead, 0)} ms"
-        )
+        lines += _ttft_lines(rows, engine_ttft)
     lines += [f"goal {name}: {value}" for name, value in goals.items()]
     return "\n".join(lines)
 
@@ -144,3 +141,19 @@ def write_json(path: Path, document: dict[str, Any]) -> None:
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(document, indent=2) + "\n")
     tmp.replace(path)
+
+
+def _ttft_lines(rows: list[Row], engine_ttft: EngineTTFT) -> list[str]:
+    overhead = ttft_overhead_ms(rows, engine_ttft)
+    lines = [
+        f"torch engine TTFT in-process ({engine_ttft.prompt_tokens}-token prompt, "
+        f"{engine_ttft.torch_threads} torch thread, median of {engine_ttft.trials}): "
+        f"{engine_ttft.p50_ms:.1f} ms; control-plane TTFT overhead at 1 client "
+        f"(HTTP TTFT p50 - engine TTFT p50): {_num(overhead, 0)} ms"
+    ]
+    if overhead is not None and overhead < 0:
+        lines.append(
+            "  note: negative, so the engine ran slower in this process than in the worker "
+            "(machine noise); the overhead is within the noise, so the goal is null"
+        )
+    return lines

@@ -30,6 +30,7 @@ from dynask.actors.engine.sequence import (
     RequestOutput,
     Sequence,
     SequenceStatus,
+    check_prompt,
 )
 from dynask.actors.engine.stats import EngineStats
 from dynask.actors.engine.streams import OutputFanout, OutputListener, RequestStream
@@ -266,18 +267,7 @@ class LLMEngine:
             ids = [int(t) for t in self.tokenizer.encode(prompt)]
         else:
             ids = [int(t) for t in prompt]
-        vocab = self.parts.model_config.vocab_size
-        if not ids:
-            raise ValueError("the prompt is empty; send at least one token")
-        if len(ids) >= self.max_model_len:
-            raise ValueError(
-                f"the prompt has {len(ids)} tokens, but this engine's context is "
-                f"{self.max_model_len} tokens (prompt plus output); shorten the prompt"
-            )
-        bad = next((t for t in ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
-        return ids
+        return check_prompt(ids, self.max_model_len, self.parts.model_config.vocab_size)
 
     def iter_text(self, prompt: str | list[int], params: SamplingParams) -> Iterator[str]:
         """Convenience for a terminal chat: yields text deltas of one request."""

@@ -90,3 +90,19 @@ class Sequence:
 
     def usage(self) -> Usage:
         return Usage(len(self.prompt_token_ids), len(self.output_token_ids), self.num_cached_tokens)
+
+
+def check_prompt(prompt: list[int], max_model_len: int, vocab_size: int) -> list[int]:
+    """The prompt as plain ints; ``ValueError`` (as the built-in engine words it) if bad."""
+    ids = [int(t) for t in prompt]
+    if not ids:
+        raise ValueError("the prompt is empty; send at least one token")
+    if len(ids) >= max_model_len:
+        raise ValueError(
+            f"the prompt has {len(ids)} tokens, but this engine's context is "
+            f"{max_model_len} tokens (prompt plus output); shorten the prompt"
+        )
+    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab_size})")
+    return ids

@@ -110,12 +110,26 @@ class ControlPlane:
             await self.runtime.stop()
 
     def _started(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled() or task.exception() is None:
+        if task.cancelled():
+            return
+        if task.exception() is None:
+            self._announce_ready()
             return
         self.startup_error = task.exception()
         print(f"dynask: error: the engines did not start: {self.startup_error}", file=sys.stderr)
         if self.server is not None:
             self.server.should_exit = True
+
+    def _announce_ready(self) -> None:
+        base = f"http://{self.options.host}:{self.options.port}"
+        for name, model in self.service.models.items():
+            print(
+                f"dynask: model '{name}' ready on {len(model.actors)} engine(s); try:\n"
+                f"  curl {base}/v1/chat/completions -H 'content-type: application/json' "
+                f'-d \'{{"model": "{name}", "messages": [{{"role": "user", '
+                f'"content": "Hello!"}}]}}\'',
+                file=sys.stderr,
+            )
 
     async def _refresh_stats_forever(self) -> None:
         while True:

@@ -18,7 +18,7 @@ from typing import Any
 from dynask.actors.engine.sampling import SamplingParams
 from dynask.actors.engine_factory import EngineSpec, build_engine
 from dynask.actors.engine_protocol import Engine
-from dynask.actors.token_stream import TokenStreamServer
+from dynask.actors.token_stream import TokenStreamServer, unpack_request
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +59,15 @@ class EngineActor:
         }
         return self._info
 
-    async def submit(self, request_id: str, prompt: list[int], params: dict[str, Any]) -> None:
-        """Queues a request; bad input raises ``ValueError`` (re-raised at the caller)."""
+    async def submit(self, packed: bytes) -> None:
+        """Queues a request made by ``token_stream.pack_request``.
+
+        Bad input raises ``ValueError`` (re-raised at the caller with its message).
+        """
+        request_id, prompt, params = unpack_request(packed)
+        for key in ("stop", "stop_token_ids", "extra_keys"):  # msgpack turns tuples into lists
+            if key in params:
+                params[key] = tuple(params[key])
         self._running().add_request(prompt, SamplingParams(**params), request_id)
 
     async def abort(self, request_id: str) -> None:

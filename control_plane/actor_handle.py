@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dynask.actors.engine.sequence import RequestOutput
-from dynask.actors.token_stream import KIND_OUTPUTS, decode_output, read_frame
+from dynask.actors.token_stream import KIND_OUTPUTS, decode_output, pack_request, read_frame
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class ActorHandle:
         self.in_flight += 1
         finished = False
         try:
-            await self.proxy.submit(request_id, prompt, params)
+            await self.proxy.submit(pack_request(request_id, prompt, params))
             while not finished:
                 output = await queue.get()
                 if output is None:

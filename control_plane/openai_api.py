@@ -94,17 +94,19 @@ async def _tracked(
 ) -> AsyncIterator[RequestOutput]:
     """The request's deltas, with metrics recorded on the way."""
     metrics, model = service.metrics, prepared.model.name
+    ttft, itl = metrics.ttft.labels(model), metrics.itl.labels(model)  # resolved once
+    output_tokens = metrics.output_tokens.labels(model)
     metrics.in_flight.inc()
     status, last = "error", None
     try:
         async for output in service.generate(prepared):
             now = time.monotonic()
             if last is None:
-                metrics.ttft.labels(model).observe(now - started)
+                ttft.observe(now - started)
             else:
-                metrics.itl.labels(model).observe(now - last)
+                itl.observe(now - last)
             last = now
-            metrics.output_tokens.labels(model).inc(len(output.token_ids))
+            output_tokens.inc(len(output.token_ids))
             if output.finish_reason is FinishReason.ABORT:
                 raise APIError(
                     f"the engine stopped request {prepared.request_id} before it finished"
@@ -125,18 +127,23 @@ async def _sse_events(
     formatter: _Format,
     include_usage: bool,
     started: float,
-) -> AsyncIterator[dict[str, str]]:
+) -> AsyncIterator[bytes]:
+    """Ready-made SSE events (bytes pass through sse-starlette untouched)."""
     first = formatter.opening()
     if first is not None:
-        yield {"data": json.dumps(first)}
+        yield sse_event(first)
     try:
         async for output in _tracked(service, prepared, started):
-            yield {"data": json.dumps(formatter.chunk(output))}
+            yield formatter.chunk_event(output)
             if output.finished and include_usage and output.usage is not None:
-                yield {"data": json.dumps(formatter.usage_chunk(output.usage))}
+                yield sse_event(formatter.usage_chunk(output.usage))
     except APIError as exc:  # the status line is sent already: report it in the stream
-        yield {"data": json.dumps(exc.body())}
-    yield {"data": "[DONE]"}
+        yield sse_event(exc.body())
+    yield b"data: [DONE]\n\n"
+
+
+def sse_event(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
 def usage_dict(usage: Usage | None) -> dict[str, Any] | None:
@@ -159,6 +166,7 @@ class _Format:
         self.id = prepared.request_id
         self.model = model
         self.created = int(time.time())
+        self._template: tuple[bytes, bytes] | None = None
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -175,11 +183,28 @@ class _Format:
     def chunk(self, output: RequestOutput) -> dict[str, Any]:
         raise NotImplementedError
 
+    def chunk_event(self, output: RequestOutput) -> bytes:
+        """The SSE event of one delta. Mid-stream deltas (the hot path: one per token) are
+        spliced into a pre-encoded envelope instead of serialising the whole chunk again."""
+        if output.finished:
+            return sse_event(self.chunk(output))
+        if self._template is None:
+            marker = "\x00TEXT\x00"
+            whole = json.dumps(self.chunk(_with_text(output, marker)), separators=(",", ":"))
+            head, tail = whole.split(json.dumps(marker))
+            self._template = (b"data: " + head.encode(), tail.encode() + b"\n\n")
+        head_bytes, tail_bytes = self._template
+        return head_bytes + json.dumps(output.text).encode() + tail_bytes
+
     def whole(self, outputs: list[RequestOutput]) -> dict[str, Any]:
         raise NotImplementedError
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         return {**self._envelope(self.object_chunk, []), "usage": usage_dict(usage)}
+
+
+def _with_text(output: RequestOutput, text: str) -> RequestOutput:
+    return RequestOutput(output.request_id, text, output.token_ids)
 
 
 def _finish(output: RequestOutput) -> str | None:

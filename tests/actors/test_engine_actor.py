@@ -14,7 +14,12 @@ from distributed import Client, LocalCluster
 from dynask.actors.engine.sequence import FinishReason, RequestOutput, Usage
 from dynask.actors.engine_actor import EngineActor
 from dynask.actors.engine_factory import EngineSpec
-from dynask.actors.token_stream import decode_output, encode_output
+from dynask.actors.token_stream import (
+    decode_output,
+    encode_output,
+    pack_request,
+    unpack_request,
+)
 from dynask.control_plane.actor_handle import ActorHandle
 
 
@@ -62,7 +67,7 @@ def test_echo_actor_streams_the_prompt_back(smollm2_folder: Path) -> None:
 def test_bad_sampling_params_keep_their_type_across_the_actor_call(smollm2_folder: Path) -> None:
     async def body(handle: ActorHandle) -> None:
         with pytest.raises(ValueError, match="SamplingParams 'top_p' has value 5"):
-            await handle.proxy.submit("r1", [1, 2, 3], {"top_p": 5})
+            await handle.proxy.submit(pack_request("r1", [1, 2, 3], {"top_p": 5}))
         stats = await handle.proxy.stats()
         assert (stats["num_running"], stats["num_waiting"]) == (0, 0)
 
@@ -107,3 +112,12 @@ def test_outputs_survive_the_wire_format() -> None:
     assert decode_output(encode_output(output)) == output
     partial = RequestOutput("r-2", "", (7,))
     assert decode_output(encode_output(partial)) == partial
+
+
+def test_requests_survive_the_wire_format() -> None:
+    params = {"max_tokens": 5, "stop": ["</s>"], "temperature": 0.5}
+    assert unpack_request(pack_request("r-9", [0, 7, 49151], params)) == (
+        "r-9",
+        [0, 7, 49151],
+        params,
+    )

@@ -9,7 +9,9 @@ What it measures, with the default SmolLM2-135M-Instruct model:
   so a noisy shared machine slows both alike; the ratio ours/HF is what to compare.
   With ``--repeats N`` each side keeps its best run (fresh prompts each time, so our
   prefix cache never helps). Our decode-only rate (tokens after every sequence has its
-  first one) is reported too, and how many rows match HF's greedy tokens exactly.
+  first one) is reported too, and how many rows match HF's greedy tokens exactly. A row
+  may differ without a bug: HF's ``min_new_tokens`` masks EOS, while ``ignore_eos`` lets
+  our engine pick EOS (and carry on) where it is the argmax.
 * Time to first token of a long prompt: cold (a fresh prompt), then the same prompt
   again, whose full blocks are now in the prefix cache. The median of a few trials.
 

@@ -63,6 +63,7 @@ from serve_load import LoadSpec, build_prompts, new_client, run_load, summarize
 from serve_report import (
     EngineTTFT,
     Row,
+    code_version,
     evaluate_goals,
     format_row,
     format_table,
@@ -205,6 +206,7 @@ class BenchRun:
     idle_cpu_ms_per_s: dict[str, float] = field(default_factory=dict)
     engine_ttft: EngineTTFT | None = None
     dynamo_skipped: str | None = None
+    code: dict[str, Any] = field(default_factory=dict)  # as it was when the stacks started
 
     def level(self, target: ServingTarget, engine: str, concurrency: int) -> None:
         """One measured window at one concurrency, with prompts of its own."""
@@ -317,7 +319,7 @@ def parse_args(argv: list[str] | None) -> tuple[BenchConfig, Path]:
 
 
 def run_scenarios(config: BenchConfig, workdir: Path) -> BenchRun:
-    run = BenchRun(config, load_tokenizer(), workdir)
+    run = BenchRun(config, load_tokenizer(), workdir, code=code_version(REPO))
     if "mocker" in config.scenarios:
         run.mocker()
         if config.with_dynamo:
@@ -344,6 +346,8 @@ def report(run: BenchRun, out: Path, load_start: tuple[float, float, float]) -> 
         print(f"dynamo skipped: {run.dynamo_skipped}")
     document = {
         "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
+        "code_at_start": run.code,
+        "code_at_end": code_version(REPO),  # differs if the tree changed during the run
         "machine": machine_facts(load_start),
         "config": asdict(config),
         "rows": [asdict(r) for r in run.rows],

@@ -58,7 +58,15 @@ class RequestRecord:
     completion_tokens: int | None = None  # from the usage chunk
     prompt_tokens: int | None = None  # as the server counted them
     done: bool = False  # "data: [DONE]" arrived
+    done_s: float | None = None  # from sending until "data: [DONE]" arrived
+    end_s: float | None = None  # from sending until the response body ended
+    new_connection: bool = False  # the client opened a TCP connection for this request
     error: str | None = None
+
+    async def trace(self, event: str, _info: dict[str, Any]) -> None:
+        """httpx's trace hook: notes a new connection (a pooled one was not reused)."""
+        if event == "connection.connect_tcp.complete":
+            self.new_connection = True
 
     def failure(self, max_tokens: int) -> str | None:
         """Why this request does not count as complete; None when it does."""
@@ -90,6 +98,9 @@ class LoadSummary:
     itl_max_after_chunk: int | None  # how many content chunks came before the longest gap
     tokens_per_chunk: float | None
     prompt_tokens_mean: float | None  # as the server counted them
+    e2e_p50_ms: float | None  # sending → "data: [DONE]"
+    done_to_end_p50_ms: float | None  # "data: [DONE]" → the end of the response body
+    new_connections: int  # TCP connections the client opened (all requests, failed too)
 
 
 def build_prompts(tokenizer: Any, count: int, tokens: int, tag: str) -> list[str]:
@@ -149,7 +160,10 @@ async def stream_completion(client: httpx.AsyncClient, body: dict[str, Any]) -> 
     record = RequestRecord()
     start = last = time.perf_counter()
     try:
-        async with client.stream("POST", "/v1/completions", json=body) as response:
+        trace = {"trace": record.trace}
+        async with client.stream(
+            "POST", "/v1/completions", json=body, extensions=trace
+        ) as response:
             if response.status_code != 200:
                 text = (await response.aread()).decode(errors="replace")
                 record.error = f"HTTP {response.status_code}: {text[:120]}"
@@ -162,6 +176,9 @@ async def stream_completion(client: httpx.AsyncClient, body: dict[str, Any]) -> 
                     else:
                         record.gaps_s.append(now - last)
                     last = now
+                elif record.done and record.done_s is None:
+                    record.done_s = now - start
+        record.end_s = time.perf_counter() - start
     except httpx.HTTPError as exc:
         record.error = f"{type(exc).__name__}: {exc}"[:160]
     return record
@@ -216,6 +233,11 @@ def summarize(wall_s: float, records: list[RequestRecord], max_tokens: int) -> L
         itl_max_after_chunk=_longest_gap_position(ok),
         tokens_per_chunk=tokens / chunks if chunks else None,
         prompt_tokens_mean=float(np.mean(prompt_tokens)) if prompt_tokens else None,
+        e2e_p50_ms=_percentile_ms([r.done_s for r in ok if r.done_s is not None], 50),
+        new_connections=sum(r.new_connection for r in records),
+        done_to_end_p50_ms=_percentile_ms(
+            [r.end_s - r.done_s for r in ok if r.end_s is not None and r.done_s is not None], 50
+        ),
     )
 
 

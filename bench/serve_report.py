@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,15 @@ def format_table(
         lines += _ttft_lines(rows, engine_ttft)
     lines += [f"goal {name}: {value}" for name, value in goals.items()]
     return "\n".join(lines)
+
+
+def code_version(repo: Path) -> dict[str, Any]:
+    """The commit measured, and which files outside ``bench/`` differed from it."""
+    git = ["git", "-C", str(repo)]
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True)
+    status = subprocess.run([*git, "status", "--porcelain"], capture_output=True, text=True)
+    changed = [line[3:] for line in status.stdout.splitlines() if not line[3:].startswith("bench/")]
+    return {"commit": commit.stdout.strip() or None, "changed_outside_bench": changed}
 
 
 def machine_facts(load_start: tuple[float, float, float]) -> dict[str, Any]:

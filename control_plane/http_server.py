@@ -147,6 +147,7 @@ class ControlPlane:
             log_level="warning",
             lifespan="on",
             timeout_graceful_shutdown=5,
+            timeout_keep_alive=75,  # fewer requests lost to a race with keep-alive closes
         )
         self.server = uvicorn.Server(config)
         print(

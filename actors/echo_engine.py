@@ -18,7 +18,6 @@ import logging
 import queue
 import threading
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 from dynask.actors.backend_kit import (
@@ -29,17 +28,12 @@ from dynask.actors.backend_kit import (
     check_prompt,
 )
 from dynask.actors.engine.sampling import SamplingParams
-from dynask.actors.engine.sequence import FinishReason, RequestOutput
+from dynask.actors.engine.sequence import AbortRequest, FinishReason, RequestOutput
 from dynask.actors.engine.stats import EngineStats
 from dynask.actors.engine.streams import RequestStream
 from dynask.kv.events import KVEventLog
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class _Abort:
-    request_id: str
 
 
 class EchoEngine:
@@ -59,7 +53,7 @@ class EchoEngine:
         self.max_model_len = max_model_len
         self.kv_events = KVEventLog()
         self._fanout = OutputFanout()
-        self._inbox: queue.SimpleQueue[RequestProgress | _Abort] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[RequestProgress | AbortRequest] = queue.SimpleQueue()
         self._running: dict[str, RequestProgress] = {}
         self._wakeup = threading.Event()
         self._stopping = threading.Event()
@@ -82,7 +76,7 @@ class EchoEngine:
 
     def abort(self, request_id: str) -> None:
         """Ends the request with ``abort`` at the next step; unknown ids are ignored."""
-        self._inbox.put(_Abort(request_id))
+        self._inbox.put(AbortRequest(request_id))
         self._wakeup.set()
 
     def add_output_listener(self, listener: OutputListener) -> None:
@@ -148,7 +142,7 @@ class EchoEngine:
         outputs = []
         while not self._inbox.empty():
             item = self._inbox.get_nowait()
-            if isinstance(item, _Abort):
+            if isinstance(item, AbortRequest):
                 aborted = self._running.pop(item.request_id, None)
                 if aborted is not None:
                     aborted.finish(FinishReason.ABORT)

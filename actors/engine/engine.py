@@ -14,7 +14,6 @@ import queue
 import threading
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,6 +25,7 @@ from dynask.actors.engine.kv_manager import PrefixHit
 from dynask.actors.engine.sampling import SamplingParams, make_generator
 from dynask.actors.engine.scheduler import Scheduler, SchedulerConfig
 from dynask.actors.engine.sequence import (
+    AbortRequest,
     FinishReason,
     RequestOutput,
     Sequence,
@@ -37,11 +37,6 @@ from dynask.actors.engine.streams import OutputFanout, OutputListener, RequestSt
 from dynask.kv.hashing import hash_seed
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class _Abort:
-    request_id: str
 
 
 class LLMEngine:
@@ -58,7 +53,7 @@ class LLMEngine:
             frozenset(self.parts.eos_token_ids),
         )
         self.kv_events = self.parts.event_log
-        self._inbox: queue.SimpleQueue[Sequence | _Abort] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[Sequence | AbortRequest] = queue.SimpleQueue()
         self._fanout = OutputFanout()
         self._sequences: dict[str, Sequence] = {}
         self._step_lock = threading.Lock()
@@ -97,7 +92,7 @@ class LLMEngine:
 
     def abort(self, request_id: str) -> None:
         """Cancels a request; its blocks are freed at the start of the next step."""
-        self._inbox.put(_Abort(request_id))
+        self._inbox.put(AbortRequest(request_id))
         self._wakeup.set()
 
     def add_output_listener(self, listener: OutputListener) -> None:
@@ -219,7 +214,7 @@ class LLMEngine:
         outputs = []
         while not self._inbox.empty():
             item = self._inbox.get_nowait()
-            if isinstance(item, _Abort):
+            if isinstance(item, AbortRequest):
                 outputs += self._abort_now(item.request_id)
             else:
                 self._sequences[item.request_id] = item

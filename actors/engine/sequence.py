@@ -54,6 +54,13 @@ class RequestOutput:
         return self.finish_reason is not None
 
 
+@dataclass(frozen=True)
+class AbortRequest:
+    """An engine inbox item: cancel ``request_id`` at the start of the next step."""
+
+    request_id: str
+
+
 @dataclass(eq=False)
 class Sequence:
     """A request as the scheduler sees it: tokens, progress, blocks, sampling state."""

@@ -75,8 +75,13 @@ class ActorHandle:
 
     async def generate(
         self, request_id: str, prompt: list[int], params: dict[str, Any]
-    ) -> AsyncIterator[RequestOutput]:
-        """Submits a request and yields its deltas until the final one."""
+    ) -> AsyncIterator[list[RequestOutput]]:
+        """Submits a request and yields its deltas, in order, until the final one.
+
+        Each item is every delta that had arrived by then: under load several engine steps
+        arrive between two turns of the event loop, and a caller that writes them in one
+        go (one SSE write, not one per token) spends much less CPU per request.
+        """
         if self.broken:
             raise ActorUnavailableError(f"engine actor {self.name} is unavailable")
         queue: asyncio.Queue[RequestOutput | None] = asyncio.Queue()
@@ -86,11 +91,14 @@ class ActorHandle:
         try:
             await self.proxy.submit(pack_request(request_id, prompt, params))
             while not finished:
-                output = await queue.get()
-                if output is None:
+                batch = [await queue.get()]
+                while not queue.empty() and batch[-1] is not None and not batch[-1].finished:
+                    batch.append(queue.get_nowait())
+                if batch[-1] is None:
                     raise ActorUnavailableError(f"engine actor {self.name} went away")
-                finished = output.finished
-                yield output
+                outputs = [o for o in batch if o is not None]
+                finished = outputs[-1].finished
+                yield outputs
         finally:
             self.in_flight -= 1
             del self._queues[request_id]

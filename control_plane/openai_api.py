@@ -85,40 +85,49 @@ async def _serve(
     if parsed.stream:
         events = _sse_events(service, prepared, formatter, parsed.include_usage, started)
         return EventSourceResponse(events, ping=600, sep="\n")
-    outputs = [o async for o in _tracked(service, prepared, started)]
+    outputs = [o async for batch in _tracked(service, prepared, started) for o in batch]
     return JSONResponse(formatter.whole(outputs))
 
 
 async def _tracked(
     service: ServingService, prepared: PreparedRequest, started: float
-) -> AsyncIterator[RequestOutput]:
-    """The request's deltas, with metrics recorded on the way."""
+) -> AsyncIterator[list[RequestOutput]]:
+    """The request's deltas as they arrive (in batches), with metrics recorded on the way.
+
+    Inter-token latency is the gap between two arrivals spread over the tokens of the
+    later one: deltas that arrive together reach the client in one write.
+    """
     metrics, model = service.metrics, prepared.model.name
     ttft, itl = metrics.ttft.labels(model), metrics.itl.labels(model)  # resolved once
     output_tokens = metrics.output_tokens.labels(model)
     metrics.in_flight.inc()
     status, last = "error", None
     try:
-        async for output in service.generate(prepared):
+        async for outputs in service.generate(prepared):
             now = time.monotonic()
             if last is None:
                 ttft.observe(now - started)
             else:
-                itl.observe(now - last)
+                for _ in outputs:
+                    itl.observe((now - last) / len(outputs))
             last = now
-            output_tokens.inc(len(output.token_ids))
-            if output.finish_reason is FinishReason.ABORT:
-                raise APIError(
-                    f"the engine stopped request {prepared.request_id} before it finished"
-                    + (f": {output.error}" if getattr(output, "error", None) else ""),
-                    status=500,
-                    code="engine_aborted",
-                )
-            yield output
+            output_tokens.inc(sum(len(o.token_ids) for o in outputs))
+            _raise_if_aborted(prepared, outputs[-1])
+            yield outputs
         status = "ok"
     finally:
         metrics.in_flight.dec()
         metrics.requests.labels(model, prepared.request_id.split("-")[0], status).inc()
+
+
+def _raise_if_aborted(prepared: PreparedRequest, output: RequestOutput) -> None:
+    if output.finish_reason is FinishReason.ABORT:
+        raise APIError(
+            f"the engine stopped request {prepared.request_id} before it finished"
+            + (f": {output.error}" if getattr(output, "error", None) else ""),
+            status=500,
+            code="engine_aborted",
+        )
 
 
 async def _sse_events(
@@ -128,15 +137,18 @@ async def _sse_events(
     include_usage: bool,
     started: float,
 ) -> AsyncIterator[bytes]:
-    """Ready-made SSE events (bytes pass through sse-starlette untouched)."""
+    """Ready-made SSE events (bytes pass through sse-starlette untouched), one write per
+    batch of deltas that arrived together."""
     first = formatter.opening()
     if first is not None:
         yield sse_event(first)
     try:
-        async for output in _tracked(service, prepared, started):
-            yield formatter.chunk_event(output)
-            if output.finished and include_usage and output.usage is not None:
-                yield sse_event(formatter.usage_chunk(output.usage))
+        async for outputs in _tracked(service, prepared, started):
+            events = [formatter.chunk_event(output) for output in outputs]
+            last = outputs[-1]
+            if last.finished and include_usage and last.usage is not None:
+                events.append(sse_event(formatter.usage_chunk(last.usage)))
+            yield b"".join(events)
     except APIError as exc:  # the status line is sent already: report it in the stream
         yield sse_event(exc.body())
     yield b"data: [DONE]\n\n"

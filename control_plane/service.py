@@ -121,8 +121,8 @@ class ServingService:
             raise invalid("prompt", f"token id {bad} is outside the vocabulary [0, {vocab})")
         return prompt
 
-    async def generate(self, prepared: PreparedRequest) -> AsyncIterator[RequestOutput]:
-        """Routes the request to an actor and yields its deltas."""
+    async def generate(self, prepared: PreparedRequest) -> AsyncIterator[list[RequestOutput]]:
+        """Routes the request to an actor and yields its deltas (as they arrive, in batches)."""
         actor = self.router.choose(prepared.model.actors)
         if actor is None:
             raise APIError(
@@ -132,10 +132,10 @@ class ServingService:
                 headers={"Retry-After": "1"},
             )
         try:
-            async for output in actor.generate(
+            async for outputs in actor.generate(
                 prepared.request_id, prepared.prompt_ids, prepared.params
             ):
-                yield output
+                yield outputs
         except ActorUnavailableError as exc:
             raise APIError(str(exc), status=503, code="engine_unavailable") from exc
 

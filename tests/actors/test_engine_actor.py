@@ -56,7 +56,8 @@ def test_echo_actor_streams_the_prompt_back(smollm2_folder: Path) -> None:
     async def body(handle: ActorHandle) -> None:
         assert handle.info["stream_address"].startswith("127.0.0.1:")
         assert "tokenizer.json" in handle.info["tokenizer_files"]
-        outputs = [o async for o in handle.generate("r1", prompt, {"max_tokens": 50})]
+        batches = [b async for b in handle.generate("r1", prompt, {"max_tokens": 50})]
+        outputs = [o for batch in batches for o in batch]
         assert [t for o in outputs for t in o.token_ids] == prompt
         assert "".join(o.text for o in outputs) == "The quick brown fox jumps"
         assert outputs[-1].usage is not None and outputs[-1].usage.completion_tokens == len(prompt)

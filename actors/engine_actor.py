@@ -65,9 +65,6 @@ class EngineActor:
         Bad input raises ``ValueError`` (re-raised at the caller with its message).
         """
         request_id, prompt, params = unpack_request(packed)
-        for key in ("stop", "stop_token_ids", "extra_keys"):  # msgpack turns tuples into lists
-            if key in params:
-                params[key] = tuple(params[key])
         self._running().add_request(prompt, SamplingParams(**params), request_id)
 
     async def abort(self, request_id: str) -> None:

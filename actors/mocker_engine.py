@@ -41,8 +41,6 @@ from dynask.actors.engine.kv_sizing import KVCachePlan
 from dynask.actors.engine.model_config import ModelConfig
 from dynask.actors.engine.scheduler import ScheduledChunk
 from dynask.actors.engine.sequence import Sequence
-from dynask.kv.block_pool import BlockPool
-from dynask.kv.events import KVEventLog
 
 
 @dataclass(frozen=True)
@@ -245,12 +243,8 @@ def _engine_config(config: MockerConfig) -> EngineConfig:
 
 
 def _mocker_parts(config: MockerConfig, tokenizer: Any, runner: SimulatedRunner) -> EngineParts:
-    event_log = KVEventLog()
-    pool = BlockPool(
-        config.num_kv_blocks,
-        config.block_size,
-        enable_prefix_caching=config.enable_prefix_caching,
-        event_log=event_log,
+    kv_manager, event_log = KVCacheManager.build(
+        config.num_kv_blocks, config.block_size, config.enable_prefix_caching
     )
     plan = KVCachePlan(
         num_blocks=config.num_kv_blocks,
@@ -267,7 +261,7 @@ def _mocker_parts(config: MockerConfig, tokenizer: Any, runner: SimulatedRunner)
         eos_token_ids=runner.eos_token_ids,
         plan=plan,
         runner=runner,
-        kv_manager=KVCacheManager(pool, config.block_size),
+        kv_manager=kv_manager,
         event_log=event_log,
         model_origin="mocker",
     )

@@ -72,25 +72,20 @@ def encode_output(output: RequestOutput) -> dict[str, Any]:
     if output.usage is not None:
         usage = output.usage
         item["u"] = [usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens]
-    error = getattr(output, "error", None)
-    if error:
-        item["e"] = error
+    if output.error:
+        item["e"] = output.error
     return item
 
 
 def decode_output(item: dict[str, Any]) -> RequestOutput:
-    usage = Usage(*item["u"]) if "u" in item else None
-    fields: dict[str, Any] = {}
-    if "e" in item and "error" in RequestOutput.__dataclass_fields__:
-        fields["error"] = item["e"]
     return RequestOutput(
         request_id=item["i"],
         text=item["x"],
         token_ids=tuple(item["t"]),
         finish_reason=FinishReason(item["f"]) if "f" in item else None,
         stop_reason=item.get("s"),
-        usage=usage,
-        **fields,
+        usage=Usage(*item["u"]) if "u" in item else None,
+        error=item.get("e"),
     )
 
 

@@ -124,7 +124,7 @@ def _raise_if_aborted(prepared: PreparedRequest, output: RequestOutput) -> None:
     if output.finish_reason is FinishReason.ABORT:
         raise APIError(
             f"the engine stopped request {prepared.request_id} before it finished"
-            + (f": {output.error}" if getattr(output, "error", None) else ""),
+            + (f": {output.error}" if output.error else ""),
             status=500,
             code="engine_aborted",
         )

@@ -33,23 +33,25 @@ def _save_tiny_model(config: Any, tokenizer_folder: Path, out: Path) -> Path:
     return out
 
 
+# The shape both tiny models share (the SmolLM2 vocabulary, so its tokenizer fits).
+TINY_SHAPE = {
+    "vocab_size": 49152,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+
 @pytest.fixture(scope="session")
 def tiny_llama_folder(tmp_path_factory: pytest.TempPathFactory, smollm2_folder: Path) -> Path:
     from transformers import LlamaConfig
 
-    config = LlamaConfig(
-        vocab_size=49152,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        rope_theta=10000.0,
-        tie_word_embeddings=False,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
+    config = LlamaConfig(**TINY_SHAPE, rope_theta=10000.0, tie_word_embeddings=False)
     return _save_tiny_model(config, smollm2_folder, tmp_path_factory.mktemp("tiny-llama"))
 
 
@@ -57,17 +59,5 @@ def tiny_llama_folder(tmp_path_factory: pytest.TempPathFactory, smollm2_folder: 
 def tiny_qwen3_folder(tmp_path_factory: pytest.TempPathFactory, smollm2_folder: Path) -> Path:
     from transformers import Qwen3Config
 
-    config = Qwen3Config(
-        vocab_size=49152,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
+    config = Qwen3Config(**TINY_SHAPE, head_dim=32, tie_word_embeddings=True)
     return _save_tiny_model(config, smollm2_folder, tmp_path_factory.mktemp("tiny-qwen3"))

@@ -22,7 +22,6 @@ from dynask.actors.engine.loader import (
 from dynask.actors.engine.model_config import ModelConfig
 from dynask.actors.engine.model_runner import KVCacheSpec, ModelRunner
 from dynask.actors.engine.scheduler import ScheduledChunk
-from dynask.kv.block_pool import BlockPool
 from dynask.kv.events import KVEventLog
 
 log = logging.getLogger(__name__)
@@ -71,12 +70,8 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         dtype,
     )
     runner = ModelRunner(model, spec, device)
-    event_log = KVEventLog()
-    pool = BlockPool(
-        plan.num_blocks,
-        plan.block_size,
-        enable_prefix_caching=config.enable_prefix_caching,
-        event_log=event_log,
+    kv_manager, event_log = KVCacheManager.build(
+        plan.num_blocks, plan.block_size, config.enable_prefix_caching
     )
     log.info(
         "loaded %s (%s, %d layers) on %s/%s in %.1fs; KV cache %d blocks x %d tokens "
@@ -100,7 +95,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         eos_token_ids=eos_token_ids(source.folder, model_config, tokenizer),
         plan=plan,
         runner=runner,
-        kv_manager=KVCacheManager(pool, plan.block_size),
+        kv_manager=kv_manager,
         event_log=event_log,
         model_origin=source.origin,
     )

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from dynask.actors.engine.sequence import Sequence
 from dynask.kv.block_pool import Block, BlockPool
+from dynask.kv.events import KVEventLog
 from dynask.kv.hashing import SequenceHash, chain_hash, local_block_hash
 
 
@@ -35,6 +36,17 @@ class KVCacheManager:
     def __init__(self, pool: BlockPool, block_size: int) -> None:
         self.pool = pool
         self.block_size = block_size
+
+    @classmethod
+    def build(
+        cls, num_blocks: int, block_size: int, enable_prefix_caching: bool
+    ) -> tuple[KVCacheManager, KVEventLog]:
+        """A manager over a fresh pool, and the event log that pool reports to."""
+        event_log = KVEventLog()
+        pool = BlockPool(
+            num_blocks, block_size, enable_prefix_caching=enable_prefix_caching, event_log=event_log
+        )
+        return cls(pool, block_size), event_log
 
     def lookup_prefix(self, seq: Sequence) -> PrefixHit:
         """Cached blocks for the sequence's leading full blocks.

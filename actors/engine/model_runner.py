@@ -27,10 +27,6 @@ class KVCacheSpec:
     head_dim: int
     dtype: torch.dtype
 
-    @property
-    def num_slots(self) -> int:
-        return self.num_blocks * self.block_size
-
 
 class ModelRunner:
     """Owns the model and its KV cache tensors on one device."""

@@ -28,13 +28,16 @@ class SamplingParams:
     extra_keys: tuple[str, ...] = field(default=())  # LoRA name / cache salt: separate KV
 
     def __post_init__(self) -> None:
+        # Callers across a wire hand over lists (msgpack, JSON) or one bare stop string.
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        object.__setattr__(self, "stop", stop)
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        object.__setattr__(self, "extra_keys", tuple(self.extra_keys))
         _require(self.max_tokens >= 1, "max_tokens", self.max_tokens, "an integer >= 1")
         _require(self.temperature >= 0.0, "temperature", self.temperature, "a number >= 0")
         _require(0.0 < self.top_p <= 1.0, "top_p", self.top_p, "a number in (0, 1]")
         _require(self.top_k >= 0, "top_k", self.top_k, "an integer >= 0 (0 disables it)")
         _require(all(s for s in self.stop), "stop", self.stop, "non-empty strings")
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
 
     @property
     def greedy(self) -> bool:

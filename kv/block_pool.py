@@ -21,13 +21,23 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from dynask.kv.block import Block, BlockId
 from dynask.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventLog
 from dynask.kv.free_queue import FreeBlockQueue
 from dynask.kv.hashing import SequenceHash
 
-__all__ = ["Block", "BlockId", "BlockPool", "NoFreeBlocksError"]
+__all__ = ["Block", "BlockId", "BlockPool", "CachedBlock", "NoFreeBlocksError"]
+
+
+@dataclass(frozen=True, slots=True)
+class CachedBlock:
+    """What the prefix cache knows of one block: its hash, its parent's, its tokens."""
+
+    block_hash: SequenceHash
+    parent_hash: SequenceHash | None
+    token_ids: tuple[int, ...]
 
 
 class NoFreeBlocksError(RuntimeError):
@@ -67,6 +77,7 @@ class BlockPool:
         self._blocks = [Block(BlockId(i)) for i in range(num_blocks)]
         self._free_queue = FreeBlockQueue(self._blocks)
         self._cached: dict[SequenceHash, Block] = {}
+        self._parent_of: dict[SequenceHash, SequenceHash | None] = {}
 
     @property
     def num_blocks(self) -> int:
@@ -177,6 +188,7 @@ class BlockPool:
             return False
         block.block_hash, block.token_ids = block_hash, tokens
         self._cached[block_hash] = block
+        self._parent_of[block_hash] = parent_hash
         self._emit(BlockStored((block_hash,), parent_hash, tokens, self._block_size))
         return True
 
@@ -191,6 +203,7 @@ class BlockPool:
         for block in self._cached.values():
             block.forget_hash()
         self._cached.clear()
+        self._parent_of.clear()
         self._emit(AllBlocksCleared())
         return True
 
@@ -198,11 +211,23 @@ class BlockPool:
         """Every cached hash, in registration order (for a router resync dump)."""
         return list(self._cached)
 
+    def cached_blocks(self) -> list[CachedBlock]:
+        """Every cached block with its parent hash and tokens, in registration order.
+
+        A block may come before its parent (the parent was evicted and cached again) or
+        without it (the parent is gone); ``kv.prefix_index.KVCacheDump`` orders them.
+        """
+        return [
+            CachedBlock(block_hash, self._parent_of[block_hash], block.token_ids or ())
+            for block_hash, block in self._cached.items()
+        ]
+
     def _evict(self, block: Block) -> SequenceHash | None:
         block_hash = block.block_hash
         if block_hash is None:
             return None
         del self._cached[block_hash]
+        del self._parent_of[block_hash]
         block.forget_hash()
         return block_hash
 

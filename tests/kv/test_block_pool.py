@@ -3,7 +3,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from dynask.kv.block_pool import Block, BlockPool, NoFreeBlocksError
+from dynask.kv.block_pool import Block, BlockPool, CachedBlock, NoFreeBlocksError
 from dynask.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventLog, KVEventRecord
 from dynask.kv.hashing import SequenceHash, block_hashes
 
@@ -317,3 +317,21 @@ def test_cached_block_hashes_in_registration_order_minus_evicted():
     assert pool.cached_block_hashes() == A_HASHES
     pool.allocate(2)  # block 3 (uncached), then block 2
     assert pool.cached_block_hashes() == A_HASHES[:2]
+
+
+def test_cached_blocks_lists_hash_parent_and_tokens_until_evicted_or_reset():
+    pool, _ = make_pool()
+    blocks = run_request(pool, A)
+    h0, h1, h2 = A_HASHES
+    expected = [
+        CachedBlock(h0, None, (1, 2)),
+        CachedBlock(h1, h0, (3, 4)),
+        CachedBlock(h2, h1, (5, 6)),
+    ]
+    assert pool.cached_blocks() == expected
+
+    pool.free_request_blocks(blocks)
+    pool.free(pool.allocate(2))  # the fresh block, then A's tail block (evicted)
+    assert pool.cached_blocks() == expected[:2]
+    assert pool.reset_prefix_cache()
+    assert pool.cached_blocks() == []

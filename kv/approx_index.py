@@ -1,0 +1,116 @@
+"""An approximate prefix index for engines that report no KV events.
+
+Design decisions:
+
+- The router tells the index where it sent each prompt (``note_routed``); the index then
+  assumes that actor holds the prompt's blocks for ``ttl_s`` seconds (120 by default),
+  about as long as an idle prefix survives LRU eviction under moderate load. Routing
+  the same prefix again refreshes it.
+- Same radix tree and the same ``find_matches`` as ``PrefixIndex``; a node's holder
+  value is the block's expiry time on that actor.
+- Expiry is lazy: a heap of (expiry, actor, node) entries is drained on every call. A
+  refresh only raises the holder's expiry; its heap entry, when due, is pushed again at
+  the new time. So the heap holds about one entry per (actor, block), however often a
+  prefix is routed. Expired blocks are pruned from the tree: an idle index shrinks back
+  to nothing.
+- The clock is injected (``clock``, or ``now=`` per call) so tests control time.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections.abc import Callable, Sequence
+
+from dynask.kv.radix_tree import RadixNode, RadixTree
+
+DEFAULT_TTL_S = 120.0
+
+_Node = RadixNode[float]  # holder value: when the block expires on that actor
+
+
+class ApproxIndex:
+    """Which actors probably hold which prefix blocks, from where prompts were routed."""
+
+    def __init__(
+        self, ttl_s: float = DEFAULT_TTL_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        if not ttl_s > 0:
+            raise ValueError(f"ApproxIndex ttl_s must be > 0, got {ttl_s!r}")
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._tree: RadixTree[float] = RadixTree()
+        self._nodes_of: dict[str, set[_Node]] = {}
+        # (expiry, tie-breaker, actor, node); the counter keeps nodes out of comparisons.
+        self._expiries: list[tuple[float, int, str, _Node]] = []
+        self._counter = itertools.count()
+
+    def note_routed(
+        self, actor: str, local_hashes: Sequence[int], now: float | None = None
+    ) -> None:
+        """Assume ``actor`` holds these leading blocks from ``now`` for ``ttl_s``."""
+        if not isinstance(actor, str) or not actor:
+            raise ValueError(f"actor id has value {actor!r}; expected a non-empty string")
+        now = self._now(now)
+        self._expire(now)
+        expiry = now + self.ttl_s
+        nodes = self._nodes_of.setdefault(actor, set())
+        node = self._tree.root
+        for local_hash in local_hashes:
+            node = self._tree.child(node, local_hash)
+            if actor not in node.holders:
+                nodes.add(node)
+                self._push(expiry, actor, node)
+            node.holders[actor] = expiry
+
+    def find_matches(self, local_hashes: Sequence[int], now: float | None = None) -> dict[str, int]:
+        """Per actor, how many leading blocks of the query it probably holds.
+
+        Actors that hold not even the first block are absent (their overlap is 0).
+        """
+        self._expire(self._now(now))
+        return self._tree.find_matches(local_hashes)
+
+    def remove_actor(self, actor: str) -> None:
+        """Forget ``actor``'s blocks (it died or left); a no-op for an unknown actor."""
+        for node in self._nodes_of.pop(actor, set()):
+            del node.holders[actor]
+            self._tree.prune(node)
+
+    def num_blocks(self, actor: str, now: float | None = None) -> int:
+        """How many blocks ``actor`` is assumed to hold now."""
+        self._expire(self._now(now))
+        return len(self._nodes_of.get(actor, ()))
+
+    def actors(self, now: float | None = None) -> list[str]:
+        """Actors assumed to hold at least one block now."""
+        self._expire(self._now(now))
+        return list(self._nodes_of)
+
+    def num_nodes(self) -> int:
+        """Nodes in the tree (a full walk: for tests and diagnostics)."""
+        return self._tree.num_nodes()
+
+    def _now(self, now: float | None) -> float:
+        return self._clock() if now is None else now
+
+    def _push(self, expiry: float, actor: str, node: _Node) -> None:
+        heapq.heappush(self._expiries, (expiry, next(self._counter), actor, node))
+
+    def _expire(self, now: float) -> None:
+        expiries = self._expiries
+        while expiries and expiries[0][0] <= now:
+            expiry, _, actor, node = heapq.heappop(expiries)
+            current = node.holders.get(actor)
+            if current is None:
+                continue  # its actor was removed
+            if current > expiry:
+                self._push(current, actor, node)  # refreshed since
+                continue
+            del node.holders[actor]
+            nodes = self._nodes_of[actor]
+            nodes.discard(node)
+            if not nodes:
+                del self._nodes_of[actor]
+            self._tree.prune(node)

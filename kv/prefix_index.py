@@ -1,0 +1,269 @@
+"""The global prefix index: which actor holds which KV blocks, fed by their KV events.
+
+Design decisions:
+
+- One radix tree (``kv.radix_tree``) for all actors, keyed by *local* block hash, so a
+  prompt's blocks are looked up once for every actor. The local hashes are computed from
+  the tokens a ``BlockStored`` event carries, with the index's ``seed`` (the default
+  seed, or ``hash_seed(extra_keys)`` for an index of LoRA/salted requests): the engine's
+  sequence hashes may have been made with another seed, so they only serve as names.
+- Per actor, a dict from *sequence* hash to node: ``BlockRemoved`` carries only sequence
+  hashes, and ``BlockStored`` finds its parent through ``parent_hash`` (None = the root).
+  A node counts how many of an actor's sequence hashes point at it, so two engine hashes
+  of the same tokens (different seeds) share a node without one removal hiding the other.
+- A stored block whose parent the actor no longer holds is dropped with the rest of its
+  event (as Dynamo does): the actor lacks the parent, so matching from the root could
+  never reach the block. So this may under-report what an actor holds, never over-report.
+- Event ids per actor must arrive as 1, 2, 3, ...: an older id is a duplicate and is
+  ignored; a newer one means events were lost, so the event is not applied, the actor is
+  flagged and stays flagged until ``resync`` replaces its blocks from a ``KVCacheDump``.
+- Pure Python and single-threaded: the control plane's event loop owns the index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from dynask.kv.block_pool import BlockPool
+from dynask.kv.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventRecord,
+    event_from_dict,
+)
+from dynask.kv.hashing import DEFAULT_SEED, SequenceHash, local_block_hash
+from dynask.kv.radix_tree import RadixNode, RadixTree
+
+_Node = RadixNode[int]  # holder value: how many of the actor's sequence hashes point here
+
+
+class ApplyStatus(StrEnum):
+    """What ``PrefixIndex.apply`` did with an event."""
+
+    APPLIED = "applied"
+    DUPLICATE = "duplicate"  # an id already applied (or covered by a resync): ignored
+    GAP = "gap"  # events were missed: not applied, the actor needs a resync
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    """The outcome of applying one event record for one actor."""
+
+    actor: str
+    event_id: int
+    status: ApplyStatus
+    expected_event_id: int  # the id the index wanted (before this event)
+
+    @property
+    def resync_needed(self) -> bool:
+        """Whether the actor's blocks must be replaced from a dump (``resync``)."""
+        return self.status is ApplyStatus.GAP
+
+
+@dataclass(frozen=True, slots=True)
+class KVCacheDump:
+    """An actor's whole prefix cache, as of event ``last_event_id`` (0: none yet).
+
+    ``stored`` lists ``BlockStored`` entries with every parent before its children.
+    """
+
+    last_event_id: int
+    stored: tuple[BlockStored, ...]
+
+    def __post_init__(self) -> None:
+        if self.last_event_id < 0:
+            raise ValueError(f"KVCacheDump.last_event_id must be >= 0, got {self.last_event_id}")
+        for position, entry in enumerate(self.stored):
+            if not isinstance(entry, BlockStored):
+                raise ValueError(
+                    f"KVCacheDump.stored[{position}] has value {entry!r}; expected BlockStored"
+                )
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain dict for the wire (JSON, msgpack)."""
+        return {
+            "last_event_id": self.last_event_id,
+            "stored": [entry.to_dict() for entry in self.stored],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> KVCacheDump:
+        """Inverse of ``to_dict``; raises ``ValueError`` on a malformed dict."""
+        last_event_id = data.get("last_event_id")
+        if not isinstance(last_event_id, int) or isinstance(last_event_id, bool):
+            raise ValueError(
+                f"KV cache dump field 'last_event_id' has value {last_event_id!r}; expected an int"
+            )
+        stored = data.get("stored")
+        if not isinstance(stored, list | tuple):
+            raise ValueError(f"KV cache dump field 'stored' has value {stored!r}; expected a list")
+        entries = []
+        for position, item in enumerate(stored):
+            event = event_from_dict(item) if isinstance(item, Mapping) else None
+            if not isinstance(event, BlockStored):
+                raise ValueError(
+                    f"KV cache dump field 'stored[{position}]' has value {item!r}; "
+                    "expected a 'stored' event dict"
+                )
+            entries.append(event)
+        return cls(last_event_id=last_event_id, stored=tuple(entries))
+
+    @classmethod
+    def from_block_pool(cls, pool: BlockPool, last_event_id: int) -> KVCacheDump:
+        """A dump of ``pool``'s prefix cache, one entry per block, parents first.
+
+        Call it where no event can be recorded meanwhile (on the engine thread), with the
+        id of the pool's event log at that moment. Blocks whose parent is not cached are
+        left out: matching from the root could never reach them.
+        """
+        cached = pool.cached_blocks()
+        children: dict[SequenceHash | None, list[int]] = {}
+        for position, block in enumerate(cached):
+            children.setdefault(block.parent_hash, []).append(position)
+        ordered: list[BlockStored] = []
+        stack = list(reversed(children.get(None, [])))
+        while stack:
+            block = cached[stack.pop()]
+            hashes = (block.block_hash,)
+            ordered.append(BlockStored(hashes, block.parent_hash, block.token_ids, pool.block_size))
+            stack.extend(reversed(children.get(block.block_hash, [])))
+        return cls(last_event_id=last_event_id, stored=tuple(ordered))
+
+
+class _ActorState:
+    __slots__ = ("expected_event_id", "nodes")
+
+    def __init__(self) -> None:
+        self.nodes: dict[SequenceHash, _Node] = {}
+        self.expected_event_id = 1
+
+
+class PrefixIndex:
+    """Which actors hold which prefix blocks, kept current by their KV events."""
+
+    def __init__(self, seed: int = DEFAULT_SEED) -> None:
+        self.seed = seed
+        self._tree: RadixTree[int] = RadixTree()
+        self._actors: dict[str, _ActorState] = {}
+        self._needs_resync: set[str] = set()
+
+    # ---- feeding ----------------------------------------------------------------------
+
+    def apply(self, actor: str, record: KVEventRecord) -> ApplyResult:
+        """Apply one of ``actor``'s event records, if it is the next one expected."""
+        state = self._state(actor)
+        expected = state.expected_event_id
+        if record.event_id < expected:
+            return ApplyResult(actor, record.event_id, ApplyStatus.DUPLICATE, expected)
+        if record.event_id > expected:
+            self._needs_resync.add(actor)
+            return ApplyResult(actor, record.event_id, ApplyStatus.GAP, expected)
+        event = record.event
+        if isinstance(event, BlockStored):
+            self._store(actor, state, event)
+        elif isinstance(event, BlockRemoved):
+            self._remove(actor, state, event.block_hashes)
+        elif isinstance(event, AllBlocksCleared):
+            self._remove(actor, state, list(state.nodes))
+        else:
+            raise ValueError(f"KV event record holds {event!r}; expected a KV event")
+        state.expected_event_id = expected + 1
+        return ApplyResult(actor, record.event_id, ApplyStatus.APPLIED, expected)
+
+    def resync(self, actor: str, dump: KVCacheDump) -> None:
+        """Replace all of ``actor``'s blocks with ``dump``'s; expect its next event id."""
+        state = self._state(actor)
+        self._remove(actor, state, list(state.nodes))
+        for entry in dump.stored:
+            self._store(actor, state, entry)
+        state.expected_event_id = dump.last_event_id + 1
+        self._needs_resync.discard(actor)
+
+    def remove_actor(self, actor: str) -> None:
+        """Forget ``actor`` entirely (it died or left); a no-op for an unknown actor."""
+        state = self._actors.pop(actor, None)
+        if state is not None:
+            self._remove(actor, state, list(state.nodes))
+        self._needs_resync.discard(actor)
+
+    # ---- queries ----------------------------------------------------------------------
+
+    def find_matches(self, local_hashes: Sequence[int]) -> dict[str, int]:
+        """Per actor, how many leading blocks of the query it holds contiguously.
+
+        Actors that hold not even the first block are absent (their overlap is 0).
+        """
+        return self._tree.find_matches(local_hashes)
+
+    def num_blocks(self, actor: str) -> int:
+        """How many blocks (distinct sequence hashes) ``actor`` holds; 0 if unknown."""
+        state = self._actors.get(actor)
+        return 0 if state is None else len(state.nodes)
+
+    def actors(self) -> list[str]:
+        """Every actor the index has heard of, in order of first contact."""
+        return list(self._actors)
+
+    def needs_resync(self, actor: str) -> bool:
+        """Whether a gap in ``actor``'s events was seen since its last resync."""
+        return actor in self._needs_resync
+
+    def expected_event_id(self, actor: str) -> int:
+        """The id of the next event the index will apply for ``actor``."""
+        state = self._actors.get(actor)
+        return 1 if state is None else state.expected_event_id
+
+    def num_nodes(self) -> int:
+        """Nodes in the tree (a full walk: for tests and diagnostics)."""
+        return self._tree.num_nodes()
+
+    # ---- internals --------------------------------------------------------------------
+
+    def _state(self, actor: str) -> _ActorState:
+        state = self._actors.get(actor)
+        if state is None:
+            if not isinstance(actor, str) or not actor:
+                raise ValueError(f"actor id has value {actor!r}; expected a non-empty string")
+            state = self._actors[actor] = _ActorState()
+        return state
+
+    def _store(self, actor: str, state: _ActorState, event: BlockStored) -> None:
+        if event.parent_hash is None:
+            node = self._tree.root
+        else:
+            parent = state.nodes.get(event.parent_hash)
+            if parent is None:
+                return  # see the module docstring: unreachable from the root
+            node = parent
+        size, tokens = event.block_size, event.token_ids
+        for position, block_hash in enumerate(event.block_hashes):
+            local = local_block_hash(tokens[position * size : (position + 1) * size], self.seed)
+            node = self._tree.child(node, local)
+            self._link(actor, state, block_hash, node)
+
+    def _link(self, actor: str, state: _ActorState, block_hash: SequenceHash, node: _Node) -> None:
+        old = state.nodes.get(block_hash)
+        if old is node:
+            return
+        if old is not None:
+            self._unlink(actor, old)
+        state.nodes[block_hash] = node
+        node.holders[actor] = node.holders.get(actor, 0) + 1
+
+    def _remove(self, actor: str, state: _ActorState, hashes: Iterable[SequenceHash]) -> None:
+        for block_hash in hashes:
+            node = state.nodes.pop(block_hash, None)
+            if node is not None:
+                self._unlink(actor, node)
+
+    def _unlink(self, actor: str, node: _Node) -> None:
+        count = node.holders[actor] - 1
+        if count:
+            node.holders[actor] = count
+            return
+        del node.holders[actor]
+        self._tree.prune(node)

@@ -18,7 +18,7 @@ from typing import Any
 from dynask.actors.engine.sampling import SamplingParams
 from dynask.actors.engine_factory import EngineSpec, build_engine
 from dynask.actors.engine_protocol import Engine
-from dynask.actors.token_stream import TokenStreamServer, unpack_request
+from dynask.actors.token_stream import TokenStreamServer, unpack_request, unpack_requests
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,24 @@ class EngineActor:
         """
         request_id, prompt, params = unpack_request(packed)
         self._running().add_request(prompt, SamplingParams(**params), request_id)
+
+    async def submit_batch(self, payload: bytes) -> list[str | None]:
+        """Queues several requests (``token_stream.pack_requests``) in one call.
+
+        Returns one entry per request: None when queued, else the message of the
+        ``ValueError`` that refused it (bad input never fails the others).
+        """
+        engine = self._running()
+        errors: list[str | None] = []
+        for packed in unpack_requests(payload):
+            try:
+                request_id, prompt, params = unpack_request(packed)
+                engine.add_request(prompt, SamplingParams(**params), request_id)
+            except (ValueError, TypeError) as exc:
+                errors.append(str(exc) or type(exc).__name__)
+            else:
+                errors.append(None)
+        return errors
 
     async def abort(self, request_id: str) -> None:
         self._running().abort(request_id)

@@ -57,6 +57,19 @@ def pack_request(request_id: str, prompt: list[int], params: dict[str, Any]) -> 
     return body
 
 
+def pack_requests(packed: list[bytes]) -> bytes:
+    """Several ``pack_request`` results as one ``submit_batch`` payload."""
+    body: bytes = msgpack.packb(packed, use_bin_type=True)
+    return body
+
+
+def unpack_requests(payload: bytes) -> list[bytes]:
+    items = msgpack.unpackb(payload, raw=False)
+    if not isinstance(items, list) or not all(isinstance(i, bytes) for i in items):
+        raise ValueError("a submit_batch payload must be a msgpack list of packed requests")
+    return items
+
+
 def unpack_request(packed: bytes) -> tuple[str, list[int], dict[str, Any]]:
     message = msgpack.unpackb(packed, raw=False)
     prompt = array("I")

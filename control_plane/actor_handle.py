@@ -15,8 +15,11 @@ from typing import Any
 
 from dynask.actors.engine.sequence import RequestOutput
 from dynask.actors.token_stream import KIND_OUTPUTS, decode_output, pack_request, read_frame
+from dynask.control_plane.submit_batcher import SubmitBatcher
 
 log = logging.getLogger(__name__)
+
+SUBMIT_WAIT_S = 30.0  # how long a cancelled request waits to learn whether it was submitted
 
 
 class ActorUnavailableError(RuntimeError):
@@ -36,6 +39,7 @@ class ActorHandle:
     _queues: dict[str, asyncio.Queue[RequestOutput | None]] = field(default_factory=dict)
     _reader_task: asyncio.Task[None] | None = None
     _writer: asyncio.StreamWriter | None = None
+    _batcher: SubmitBatcher | None = None
     broken: bool = False
 
     @property
@@ -50,6 +54,7 @@ class ActorHandle:
         host, port = str(self.info["stream_address"]).rsplit(":", 1)
         reader, self._writer = await asyncio.open_connection(host, int(port))
         self._reader_task = asyncio.create_task(self._read(reader), name=f"stream-{self.name}")
+        self._batcher = SubmitBatcher(self.proxy, self.name)
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
         try:
@@ -88,8 +93,10 @@ class ActorHandle:
         self._queues[request_id] = queue
         self.in_flight += 1
         finished = False
+        submitted: asyncio.Future[None] | None = None
         try:
-            await self.proxy.submit(pack_request(request_id, prompt, params))
+            submitted = self._submitter().submit(pack_request(request_id, prompt, params))
+            await asyncio.shield(submitted)  # a cancelled caller still learns if it went out
             while not finished:
                 batch = [await queue.get()]
                 while not queue.empty() and batch[-1] is not None and not batch[-1].finished:
@@ -102,8 +109,21 @@ class ActorHandle:
         finally:
             self.in_flight -= 1
             del self._queues[request_id]
-            if not finished and not self.broken:
-                await self._abort_quietly(request_id)
+            if not finished and not self.broken and submitted is not None:
+                await self._abort_if_submitted(request_id, submitted)
+
+    def _submitter(self) -> SubmitBatcher:
+        if self._batcher is None:
+            self._batcher = SubmitBatcher(self.proxy, self.name)
+        return self._batcher
+
+    async def _abort_if_submitted(self, request_id: str, submitted: asyncio.Future[None]) -> None:
+        """Aborts a request the caller gave up on, once it is surely on the actor (an abort
+        that overtook its own submission would find nothing to stop)."""
+        if not submitted.done():
+            await asyncio.wait([submitted], timeout=SUBMIT_WAIT_S)
+        if submitted.done() and not submitted.cancelled() and submitted.exception() is None:
+            await self._abort_quietly(request_id)
 
     async def _abort_quietly(self, request_id: str) -> None:
         try:
@@ -120,3 +140,5 @@ class ActorHandle:
             self._reader_task.cancel()
         if self._writer is not None:
             self._writer.close()
+        if self._batcher is not None:
+            self._batcher.close()

@@ -13,7 +13,6 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -22,6 +21,7 @@ from dynask.actors.engine.sequence import FinishReason, RequestOutput, Usage
 from dynask.control_plane.errors import APIError
 from dynask.control_plane.openai_schema import GenerationRequest, parse_chat, parse_completion
 from dynask.control_plane.service import PreparedRequest, ServingService
+from dynask.control_plane.sse_stream import TokenEventResponse
 
 MAX_BODY_BYTES = 4 * 2**20
 
@@ -84,7 +84,7 @@ async def _serve(
     metrics.input_tokens.labels(parsed.model).inc(len(prepared.prompt_ids))
     if parsed.stream:
         events = _sse_events(service, prepared, formatter, parsed.include_usage, started)
-        return EventSourceResponse(events, ping=600, sep="\n")
+        return TokenEventResponse(events, ping=600, sep="\n")
     outputs = [o async for batch in _tracked(service, prepared, started) for o in batch]
     return JSONResponse(formatter.whole(outputs))
 

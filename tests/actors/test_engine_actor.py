@@ -122,3 +122,41 @@ def test_requests_survive_the_wire_format() -> None:
         [0, 7, 49151],
         params,
     )
+
+
+class _CountingProxy:
+    """The real actor proxy, counting ``submit_batch`` calls and their sizes."""
+
+    def __init__(self, proxy: Any) -> None:
+        self._proxy = proxy
+        self.batch_sizes: list[int] = []
+
+    async def submit_batch(self, payload: bytes) -> list[str | None]:
+        from dynask.actors.token_stream import unpack_requests
+
+        self.batch_sizes.append(len(unpack_requests(payload)))
+        errors: list[str | None] = await self._proxy.submit_batch(payload)
+        return errors
+
+
+def test_concurrent_submissions_share_actor_calls_and_a_bad_one_fails_alone(
+    smollm2_folder: Path,
+) -> None:
+    from dynask.control_plane.submit_batcher import SubmitBatcher
+
+    async def body(handle: ActorHandle) -> None:
+        counting = _CountingProxy(handle.proxy)
+        batcher = SubmitBatcher(counting, "actor-0")
+        good = [batcher.submit(pack_request("r0", [1, 2, 3], {"max_tokens": 1}))]
+        await asyncio.sleep(0)  # the first call is now in flight
+        good += [
+            batcher.submit(pack_request(f"r{i}", [1, 2, 3], {"max_tokens": 1})) for i in range(1, 9)
+        ]
+        bad = batcher.submit(pack_request("bad", [1, 2, 3], {"top_p": 5}))
+        results = await asyncio.gather(*good, bad, return_exceptions=True)
+        assert results[:9] == [None] * 9
+        assert isinstance(results[9], ValueError) and "top_p" in str(results[9])
+        # The first call carries one request; the rest queued meanwhile and go together.
+        assert counting.batch_sizes == [1, 9]
+
+    _with_actor(EngineSpec(kind="echo", model=str(smollm2_folder)), body)

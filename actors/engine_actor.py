@@ -18,6 +18,7 @@ from typing import Any
 from dynask.actors.engine.sampling import SamplingParams
 from dynask.actors.engine_factory import EngineSpec, build_engine
 from dynask.actors.engine_protocol import Engine
+from dynask.actors.malloc_tuning import keep_tensor_memory
 from dynask.actors.token_stream import TokenStreamServer, unpack_request, unpack_requests
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ class EngineActor:
         if self._info is not None:
             return self._info
         _share_cores_with_other_workers()
+        keep_tensor_memory()
         engine = await asyncio.to_thread(build_engine, self.spec)
         stream = TokenStreamServer(asyncio.get_running_loop())
         address = await stream.start(_worker_host())

@@ -9,6 +9,7 @@ change lands in the event log.
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from dynask.actors.engine_factory import EngineSpec
@@ -69,13 +70,26 @@ def stored_plans(repo: Repository) -> list[DeploymentPlan]:
 
 
 class ActorRecorder:
-    """The runtime's actor hook: mirrors actor lifecycles into the database."""
+    """The runtime's actor hook: mirrors actor lifecycles into the database.
+
+    The hook is called on the control plane's event loop, which also writes every token
+    stream; the database writes run in order on one thread of their own, so a slow
+    database (a remote PostgreSQL) never stalls the streams.
+    """
 
     def __init__(self, repo: Repository) -> None:
         self.repo = repo
         self._ids: dict[str, ActorId] = {}
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="actor-recorder")
 
     def __call__(self, actor: str, status: str, details: dict[str, Any]) -> None:
+        self._writer.submit(self._record_quietly, actor, status, dict(details))
+
+    def close(self) -> None:
+        """Waits for the writes already queued."""
+        self._writer.shutdown(wait=True)
+
+    def _record_quietly(self, actor: str, status: str, details: dict[str, Any]) -> None:
         try:
             self._record(actor, status, details)
         except Exception:  # state is advisory here: serving goes on, the log says why

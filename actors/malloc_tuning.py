@@ -38,6 +38,6 @@ def keep_tensor_memory() -> bool:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
-    applied = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1
-    applied = mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES) == 1 and applied
-    return applied
+    mmap_set = int(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) == 1
+    trim_set = int(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)) == 1
+    return mmap_set and trim_set

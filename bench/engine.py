@@ -1,4 +1,4 @@
-"""Benchmark of the built-in engine on this CPU, against HF transformers in the same run.
+"""Benchmark of the built-in engine (CPU or CUDA), against HF transformers in the same run.
 
 What it measures, with the default SmolLM2-135M-Instruct model:
 
@@ -25,25 +25,48 @@ Run it from the repository root (about ten minutes on two cores)::
     .venv/bin/python bench/engine.py --skip-hf  # our engine only
 
 It prints a table and writes JSON to ``bench/results/engine.json`` (``--out`` to change).
+
+On a GPU (``--device cuda``), typically with ``--random-model llama-8b`` (a random bf16
+model of Llama-3.1-8B's shape, built in memory; see ``engine_cuda.py``)::
+
+    python bench/engine.py --device cuda --random-model llama-8b \
+        --tokenizer PATH --batches 1,16,64,256 --prompt-len 512 --prefill-lens 512,8192
+
+it also reports the time per decode step against the memory floor (weights plus the KV
+read per step, over the copy bandwidth measured in the same run) and prefill tokens/s.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import logging
 import os
-import platform
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import engine_cuda
 import torch
+from engine_report import (
+    BenchConfig,
+    FirstToken,
+    HFRun,
+    OursRun,
+    ThroughputRow,
+    TTFTResult,
+    evaluate_goals,
+    format_table,
+    machine_facts,
+    print_gpu_extras,
+    write_json,
+)
 
 from dynask.actors.engine.config import EngineConfig
 from dynask.actors.engine.engine import LLMEngine
+from dynask.actors.engine.engine_parts import build_engine_parts_from_hf
 from dynask.actors.engine.loader import resolve_model
 from dynask.actors.engine.sampling import SamplingParams
 
@@ -55,62 +78,6 @@ QUICK_BATCHES = (1, 8)
 FULL_NEW_TOKENS = 128
 QUICK_NEW_TOKENS = 32
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "engine.json"
-
-
-@dataclass(frozen=True)
-class BenchConfig:
-    batches: tuple[int, ...]
-    prompt_len: int
-    new_tokens: int
-    ttft_prompt_len: int
-    ttft_trials: int
-    repeats: int
-    threads: int
-    skip_hf: bool
-
-
-@dataclass(frozen=True)
-class OursRun:
-    seconds: float
-    decode_tok_s: float | None  # None when there is no decode phase (one new token)
-    outputs: list[list[int]]
-
-
-@dataclass(frozen=True)
-class HFRun:
-    seconds: float
-    outputs: list[list[int]]
-
-
-@dataclass(frozen=True)
-class ThroughputRow:
-    """One batch size; the rates are the best of the repeats (the least disturbed run)."""
-
-    batch: int
-    ours_tok_s: float
-    hf_tok_s: float | None
-    ratio: float | None
-    ours_decode_tok_s: float | None
-    rows_matching_hf: int | None  # rows whose greedy tokens equal HF's exactly
-    rows_compared: int
-    ours_runs_tok_s: list[float]
-    hf_runs_tok_s: list[float]
-
-
-@dataclass(frozen=True)
-class FirstToken:
-    seconds: float
-    cached_tokens: int
-
-
-@dataclass(frozen=True)
-class TTFTResult:
-    prompt_len: int
-    trials: int
-    cold_ms: float
-    cached_ms: float
-    speedup: float
-    cached_tokens: int
 
 
 # ---- prompts ------------------------------------------------------------------------------
@@ -136,20 +103,28 @@ def run_ours(engine: LLMEngine, prompts: list[list[int]], new_tokens: int) -> Ou
     streams = [engine.add_request(p, greedy(new_tokens)) for p in prompts]
     have_first: set[str] = set()
     decode_start: float | None = None
-    decode_tokens = 0
+    decode_tokens = decode_steps = 0
+    prefill_steps: list[float] = []
     while not all(s.finished for s in streams):
+        step_start = time.perf_counter()
         outputs = engine.step()
+        if decode_start is None:
+            prefill_steps.append((time.perf_counter() - step_start) * 1e3)
         if decode_start is not None:
             decode_tokens += sum(len(o.token_ids) for o in outputs)
+            decode_steps += 1
             continue
         have_first.update(o.request_id for o in outputs if o.token_ids)
         if len(have_first) == len(streams):
             decode_start = time.perf_counter()
     end = time.perf_counter()
-    decode_tok_s = None
+    decode_tok_s = step_ms = None
     if decode_start is not None and decode_tokens:
         decode_tok_s = decode_tokens / (end - decode_start)
-    return OursRun(end - start, decode_tok_s, [s.token_ids for s in streams])
+        step_ms = (end - decode_start) / decode_steps * 1e3
+    prefill_s = None if decode_start is None else decode_start - start
+    outputs_ids = [s.token_ids for s in streams]
+    return OursRun(end - start, decode_tok_s, outputs_ids, step_ms, prefill_s, tuple(prefill_steps))
 
 
 def time_to_first_token(engine: LLMEngine, prompt: list[int]) -> FirstToken:
@@ -188,19 +163,19 @@ def measure_ttft(engine: LLMEngine, config: BenchConfig) -> TTFTResult:
 # ---- HF transformers ----------------------------------------------------------------------
 
 
-def load_hf_model(folder: Path) -> Any:
+def load_hf_model(folder: Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> Any:
     import transformers
 
     transformers.logging.set_verbosity_error()  # generation-config chatter, not results
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    return model.eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    return model.to(device).eval()
 
 
 @torch.inference_mode()
 def run_hf(model: Any, prompts: list[list[int]], new_tokens: int) -> HFRun:
     """``generate`` with greedy decoding of exactly ``new_tokens`` tokens per row."""
     start = time.perf_counter()
-    input_ids = torch.tensor(prompts, dtype=torch.long)
+    input_ids = torch.tensor(prompts, dtype=torch.long, device=model.device)
     output = model.generate(
         input_ids=input_ids,
         attention_mask=torch.ones_like(input_ids),
@@ -216,9 +191,9 @@ def run_hf(model: Any, prompts: list[list[int]], new_tokens: int) -> HFRun:
 # ---- the run ------------------------------------------------------------------------------
 
 
-def warm_up(engine: LLMEngine, hf_model: Any | None) -> None:
+def warm_up(engine: LLMEngine, hf_model: Any | None, prompt_len: int = 32) -> None:
     """One small generate each, so one-time costs (allocator, kernels) are paid here."""
-    prompts = random_prompts(2, 32, SEED - 1)
+    prompts = random_prompts(2, prompt_len, SEED - 1)
     engine.generate(prompts, greedy(4))
     if hf_model is not None:
         run_hf(hf_model, prompts, 4)
@@ -233,10 +208,11 @@ def measure_batch(
     """
     ours_runs: list[OursRun] = []
     hf_runs: list[HFRun] = []
+    with_hf = hf_model is not None and (config.hf_batches is None or batch in config.hf_batches)
     for repeat in range(config.repeats):
         prompts = random_prompts(batch, config.prompt_len, SEED + 1_000 * batch + repeat)
         ours_runs.append(run_ours(engine, prompts, config.new_tokens))
-        if hf_model is not None:
+        if with_hf:
             hf_runs.append(run_hf(hf_model, prompts, config.new_tokens))
     return summarize_batch(batch, config.new_tokens, ours_runs, hf_runs)
 
@@ -248,6 +224,7 @@ def summarize_batch(
     ours_rates = [generated / run.seconds for run in ours_runs]
     hf_rates = [generated / run.seconds for run in hf_runs]
     decode_rates = [run.decode_tok_s for run in ours_runs if run.decode_tok_s is not None]
+    step_times = [run.decode_step_ms for run in ours_runs if run.decode_step_ms is not None]
     ours_best = max(ours_rates)
     hf_best = max(hf_rates) if hf_rates else None
     return ThroughputRow(
@@ -260,7 +237,24 @@ def summarize_batch(
         rows_compared=batch * len(hf_runs),
         ours_runs_tok_s=ours_rates,
         hf_runs_tok_s=hf_rates,
+        decode_step_ms=min(step_times) if step_times else None,
+        prefill_steps_ms=ours_runs[0].prefill_steps_ms,
+        prefill_phase_s=min(
+            (r.prefill_phase_s for r in ours_runs if r.prefill_phase_s), default=None
+        ),
+        first_divergences=first_divergences(ours_runs, hf_runs) if hf_runs else None,
     )
+
+
+def first_divergences(ours_runs: list[OursRun], hf_runs: list[HFRun]) -> list[int]:
+    """For each row that differs from HF: the index of its first differing token."""
+    found = []
+    for ours_run, hf_run in zip(ours_runs, hf_runs, strict=True):
+        for ours, hf in zip(ours_run.outputs, hf_run.outputs, strict=True):
+            if ours != hf:
+                pairs = enumerate(zip(ours, hf, strict=False))
+                found.append(next((i for i, (a, b) in pairs if a != b), min(len(ours), len(hf))))
+    return found
 
 
 def matching_rows(ours_runs: list[OursRun], hf_runs: list[HFRun]) -> int:
@@ -270,79 +264,6 @@ def matching_rows(ours_runs: list[OursRun], hf_runs: list[HFRun]) -> int:
         for ours_run, hf_run in zip(ours_runs, hf_runs, strict=True)
         for ours, hf in zip(ours_run.outputs, hf_run.outputs, strict=True)
     )
-
-
-def evaluate_goals(rows: list[ThroughputRow], ttft: TTFTResult) -> dict[str, bool | None]:
-    """The issue's targets; None where this run did not measure what a goal needs."""
-    ratio = {row.batch: row.ratio for row in rows}
-
-    def at_least(value: float | None, target: float) -> bool | None:
-        return None if value is None else value >= target
-
-    return {
-        "ratio_batch32_ge_2": at_least(ratio.get(32), 2.0),
-        "ratio_batch1_ge_1": at_least(ratio.get(1), 1.0),
-        "ttft_speedup_ge_5": at_least(ttft.speedup, 5.0),
-    }
-
-
-def machine_facts() -> dict[str, Any]:
-    import transformers
-
-    return {
-        "cpu_count": os.cpu_count(),
-        "torch_version": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "transformers_version": transformers.__version__,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "load_average": list(os.getloadavg()),
-    }
-
-
-# ---- output -------------------------------------------------------------------------------
-
-
-def _fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def format_table(
-    rows: list[ThroughputRow], ttft: TTFTResult, goals: dict[str, bool | None], config: BenchConfig
-) -> str:
-    lines = [
-        f"Throughput: {config.prompt_len}-token prompts, {config.new_tokens} new tokens, "
-        f"greedy, best of {config.repeats}, {config.threads} torch threads",
-        f"{'batch':>5}  {'ours tok/s':>10}  {'HF tok/s':>10}  {'ours/HF':>7}  "
-        f"{'ours decode tok/s':>17}  {'rows = HF':>9}",
-    ]
-    for row in rows:
-        matching = "-"
-        if row.rows_matching_hf is not None:
-            matching = f"{row.rows_matching_hf}/{row.rows_compared}"
-        lines.append(
-            f"{row.batch:>5}  {row.ours_tok_s:>10.1f}  {_fmt(row.hf_tok_s, '.1f'):>10}  "
-            f"{_fmt(row.ratio, '.2f'):>7}  {_fmt(row.ours_decode_tok_s, '.1f'):>17}  "
-            f"{matching:>9}"
-        )
-    lines += [
-        "",
-        f"TTFT: {ttft.prompt_len}-token prompt, median of {ttft.trials}",
-        f"{'cold ms':>9}  {'cached ms':>9}  {'speed-up':>8}  {'cached tokens':>13}",
-        f"{ttft.cold_ms:>9.1f}  {ttft.cached_ms:>9.1f}  {ttft.speedup:>7.1f}x  "
-        f"{ttft.cached_tokens:>13}",
-        "",
-        "Goals",
-    ]
-    for name, met in goals.items():
-        verdict = "not measured" if met is None else ("met" if met else "NOT met")
-        lines.append(f"  {name:<20}  {verdict}")
-    return "\n".join(lines)
-
-
-def write_json(path: Path, report: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2) + "\n")
 
 
 # ---- command line -------------------------------------------------------------------------
@@ -370,6 +291,19 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path]:
     parser.add_argument("--threads", type=positive_int, help="torch threads (default: torch's)")
     parser.add_argument("--skip-hf", action="store_true", help="measure our engine only")
     parser.add_argument("--quick", action="store_true", help="batches 1,8 and 32 new tokens")
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    parser.add_argument("--dtype", default="auto", help="auto: float32 on CPU, bf16 on GPU")
+    parser.add_argument(
+        "--random-model", choices=sorted(engine_cuda.RANDOM_MODELS), help="random weights"
+    )
+    parser.add_argument("--tokenizer", help="tokenizer folder for --random-model")
+    parser.add_argument("--hf-batches", type=batch_sizes, help="batches HF runs (default all)")
+    parser.add_argument("--prefill-lens", type=batch_sizes, help="prefill tok/s (GPU runs)")
+    parser.add_argument("--max-num-seqs", type=positive_int, help="engine's (default: max batch)")
+    parser.add_argument("--max-batched-tokens", type=positive_int, default=2048)
+    parser.add_argument(
+        "--gpu-memory-utilization", type=float, default=0.9, help="lower it to leave HF room"
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     batches = args.batches or (QUICK_BATCHES if args.quick else FULL_BATCHES)
@@ -383,33 +317,107 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path]:
         repeats=args.repeats,
         threads=args.threads or torch.get_num_threads(),
         skip_hf=args.skip_hf,
+        device=args.device,
+        dtype=args.dtype,
+        random_model=args.random_model,
+        tokenizer=args.tokenizer,
+        hf_batches=args.hf_batches,
+        prefill_lens=args.prefill_lens or (),
+        max_num_seqs=args.max_num_seqs or max(64, *batches),
+        max_batched_tokens=args.max_batched_tokens,
+        gpu_memory_utilization=args.gpu_memory_utilization,
     )
     return config, args.out
 
 
+def build_engine(config: BenchConfig) -> tuple[LLMEngine, Any | None]:
+    """Our engine and (unless skipped) the HF model, on the benchmark's device and dtype."""
+    lengths = [config.prompt_len + config.new_tokens, config.ttft_prompt_len + 1]
+    lengths += [n + 1 for n in config.prefill_lens]
+    engine_config = EngineConfig(
+        device=config.device,
+        dtype=config.dtype,
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_batched_tokens,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        max_model_len=max(lengths) if config.random_model else None,
+    )
+    device = engine_config.torch_device()
+    dtype = engine_config.torch_dtype(device)
+    if config.random_model is None:
+        engine = LLMEngine(engine_config)
+        folder = resolve_model(None).folder
+        return engine, None if config.skip_hf else load_hf_model(folder, dtype, config.device)
+    from transformers import AutoTokenizer
+
+    hf_model = engine_cuda.build_random_llama(config.random_model, dtype, device)
+    tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or resolve_model(None).folder)
+    parts = build_engine_parts_from_hf(engine_config, hf_model, tokenizer)
+    return LLMEngine(engine_config, parts), None if config.skip_hf else hf_model
+
+
+def add_floors(
+    rows: list[ThroughputRow], engine: LLMEngine, config: BenchConfig, bandwidth: float
+) -> list[ThroughputRow]:
+    """Each row with the memory floor of its decode steps (mean context of the phase)."""
+    runner = engine.parts.runner
+    model = runner.model  # type: ignore[attr-defined]
+    dtype = runner.spec.dtype  # type: ignore[attr-defined]
+    kv_per_token = engine.parts.model_config.kv_bytes_per_token(dtype)
+    mean_context = config.prompt_len + config.new_tokens / 2
+    out = []
+    for row in rows:
+        floor = engine_cuda.decode_floor(model, kv_per_token, row.batch, mean_context, bandwidth)
+        floor_ms = floor.seconds * 1e3
+        fraction = floor_ms / row.decode_step_ms if row.decode_step_ms else None
+        out.append(replace(row, floor_step_ms=floor_ms, floor_fraction=fraction))
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     config, out_path = parse_args(argv)
+    started = time.perf_counter()
     torch.set_num_threads(config.threads)
     facts = machine_facts()
-    engine = LLMEngine(EngineConfig())
-    hf_model = None if config.skip_hf else load_hf_model(resolve_model(None).folder)
-    warm_up(engine, hf_model)
+    on_gpu = config.device.startswith("cuda")
+    extra: dict[str, Any] = {}
+    if on_gpu:
+        device = torch.device(config.device)
+        engine_cuda.log_triton_compiles(time.perf_counter())
+        facts.update(engine_cuda.gpu_facts(device))
+        extra["copy_bandwidth_gb_s"] = engine_cuda.copy_bandwidth(device) / 1e9
+    engine, hf_model = build_engine(config)
+    plan = engine.parts.plan
+    extra["kv_cache"] = {"blocks": plan.num_blocks, "gib": plan.gib, "source": plan.budget_source}
+    warm_up(engine, hf_model, config.prompt_len if on_gpu else 32)
     rows = []
     for batch in config.batches:
+        print(f"[{time.perf_counter() - started:8.2f}s] batch {batch}", flush=True)
         rows.append(measure_batch(engine, hf_model, batch, config))
-        print(f"batch {batch} done", flush=True)
+    if on_gpu:
+        rows = add_floors(rows, engine, config, extra["copy_bandwidth_gb_s"] * 1e9)
+        extra["prefill"] = engine_cuda.measure_prefill(
+            engine,
+            config.prefill_lens,
+            lambda n, i: random_prompts(1, n, TTFT_SEED + 7 * n + i)[0],
+            greedy(1),
+        )
     ttft = measure_ttft(engine, config)
-    goals = evaluate_goals(rows, ttft)
+    goals = evaluate_goals(rows, ttft, config.device)
     print()
     print(format_table(rows, ttft, goals, config))
+    if on_gpu:
+        print_gpu_extras(extra)
     report = {
         "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {**facts, "load_average_end": list(os.getloadavg())},
-        "model": engine.parts.model_origin,
+        "model": config.random_model or engine.parts.model_origin,
         "config": asdict(config),
         "throughput": [asdict(row) for row in rows],
         "ttft": asdict(ttft),
         "goals": goals,
+        **extra,
     }
     write_json(out_path, report)
     print(f"\nwrote {out_path}")

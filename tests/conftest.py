@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -48,16 +49,30 @@ TINY_SHAPE = {
 
 
 @pytest.fixture(scope="session")
-def tiny_llama_folder(tmp_path_factory: pytest.TempPathFactory, smollm2_folder: Path) -> Path:
-    from transformers import LlamaConfig
+def tokenizer_folder(request: pytest.FixtureRequest) -> Path:
+    """SmolLM2's tokenizer: ``DYNASK_TEST_TOKENIZER`` (a folder), else the bundled model's.
 
-    config = LlamaConfig(**TINY_SHAPE, rope_theta=10000.0, tie_word_embeddings=False)
-    return _save_tiny_model(config, smollm2_folder, tmp_path_factory.mktemp("tiny-llama"))
+    The folder lets the tiny-model tests run where the bundled GGUF is not installed
+    (a GPU machine that only has the repository and a copy of the tokenizer files).
+    """
+    folder = os.environ.get("DYNASK_TEST_TOKENIZER")
+    if folder:
+        return Path(folder)
+    smollm2: Path = request.getfixturevalue("smollm2_folder")
+    return smollm2
 
 
 @pytest.fixture(scope="session")
-def tiny_qwen3_folder(tmp_path_factory: pytest.TempPathFactory, smollm2_folder: Path) -> Path:
+def tiny_llama_folder(tmp_path_factory: pytest.TempPathFactory, tokenizer_folder: Path) -> Path:
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(**TINY_SHAPE, rope_theta=10000.0, tie_word_embeddings=False)
+    return _save_tiny_model(config, tokenizer_folder, tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_folder(tmp_path_factory: pytest.TempPathFactory, tokenizer_folder: Path) -> Path:
     from transformers import Qwen3Config
 
     config = Qwen3Config(**TINY_SHAPE, head_dim=32, tie_word_embeddings=True)
-    return _save_tiny_model(config, smollm2_folder, tmp_path_factory.mktemp("tiny-qwen3"))
+    return _save_tiny_model(config, tokenizer_folder, tmp_path_factory.mktemp("tiny-qwen3"))

@@ -16,7 +16,8 @@ class EngineConfig:
     ``kv_cache_gib`` sizes the KV cache on a CPU; on a GPU the cache takes what is left of
     ``gpu_memory_utilization`` of the device after the weights. ``num_kv_blocks`` overrides
     both (tests use it for tiny budgets). ``max_model_len`` defaults to the model's own
-    limit and is clamped to what the cache can hold.
+    limit and is clamped to what the cache can hold. On CUDA, ``cuda_graphs`` captures
+    decode steps of 1 to ``max_num_seqs`` rows at start-up (off: every step runs eagerly).
     """
 
     model: str | None = None  # HF folder, .gguf file or hub id; None = bundled SmolLM2
@@ -30,6 +31,7 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     enable_prefix_caching: bool = True
+    cuda_graphs: bool = True  # decode steps replayed from CUDA graphs (CUDA only)
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -16,9 +16,11 @@ from dynask.actors.engine.loader import (
     eos_token_ids,
     load_hf_config,
     load_model,
+    load_model_from_tensors,
     load_tokenizer,
     resolve_model,
 )
+from dynask.actors.engine.model import CausalLM
 from dynask.actors.engine.model_config import ModelConfig
 from dynask.actors.engine.model_runner import KVCacheSpec, ModelRunner
 from dynask.actors.engine.scheduler import ScheduledChunk
@@ -60,6 +62,44 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     dtype = config.torch_dtype(device)
     max_positions = config.max_model_len or model_config.max_position_embeddings
     model = load_model(source, model_config, max_positions, device, dtype)
+    eos = eos_token_ids(source.folder, model_config, tokenizer)
+    loaded = LoadedModel(model, model_config, tokenizer, eos, source.origin)
+    return assemble_engine_parts(config, loaded, started)
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model on its device with what the engine needs beside the weights."""
+
+    model: CausalLM
+    model_config: ModelConfig
+    tokenizer: Any
+    eos_token_ids: tuple[int, ...]
+    origin: str
+
+
+def build_engine_parts_from_hf(config: EngineConfig, hf_model: Any, tokenizer: Any) -> EngineParts:
+    """Parts around a live transformers model (benchmarks: no checkpoint on disk).
+
+    Weights already on the engine's device and dtype are shared with ``hf_model``.
+    """
+    started = time.monotonic()
+    model_config = ModelConfig.from_hf(hf_model.config)
+    device = config.torch_device()
+    dtype = config.torch_dtype(device)
+    max_positions = config.max_model_len or model_config.max_position_embeddings
+    tensors = iter(hf_model.state_dict().items())
+    origin = f"in-memory {type(hf_model).__name__}"
+    model = load_model_from_tensors(tensors, origin, model_config, max_positions, device, dtype)
+    loaded = LoadedModel(model, model_config, tokenizer, model_config.eos_token_ids, origin)
+    return assemble_engine_parts(config, loaded, started)
+
+
+def assemble_engine_parts(config: EngineConfig, loaded: LoadedModel, started: float) -> EngineParts:
+    """Sizes the KV cache for a loaded model, then builds the runner and the block pool."""
+    model_config = loaded.model_config
+    device = config.torch_device()
+    dtype = config.torch_dtype(device)
     plan = plan_kv_cache(config, model_config, device, dtype)
     spec = KVCacheSpec(
         plan.num_blocks,
@@ -69,14 +109,18 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         model_config.head_dim,
         dtype,
     )
-    runner = ModelRunner(model, spec, device)
+    runner = ModelRunner(loaded.model, spec, device)
+    if device.type == "cuda":
+        runner.compile_kernels()
+    if device.type == "cuda" and config.cuda_graphs:
+        runner.capture_decode_graphs(config.max_num_seqs, plan.max_model_len)
     kv_manager, event_log = KVCacheManager.build(
         plan.num_blocks, plan.block_size, config.enable_prefix_caching
     )
     log.info(
         "loaded %s (%s, %d layers) on %s/%s in %.1fs; KV cache %d blocks x %d tokens "
         "= %d tokens (%.2f GiB, %s); max_model_len %d",
-        source.origin,
+        loaded.origin,
         model_config.model_type,
         model_config.num_layers,
         device,
@@ -91,11 +135,11 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     )
     return EngineParts(
         model_config=model_config,
-        tokenizer=tokenizer,
-        eos_token_ids=eos_token_ids(source.folder, model_config, tokenizer),
+        tokenizer=loaded.tokenizer,
+        eos_token_ids=loaded.eos_token_ids,
         plan=plan,
         runner=runner,
         kv_manager=kv_manager,
         event_log=event_log,
-        model_origin=source.origin,
+        model_origin=loaded.origin,
     )

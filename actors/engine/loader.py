@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 from tqdm import tqdm
 
 from dynask.actors.engine.model import CausalLM
@@ -189,21 +190,56 @@ def load_model(
     dtype: torch.dtype,
 ) -> CausalLM:
     """Builds the model and loads its weights onto ``device`` with a progress bar."""
+    tensors = _read_safetensors(source.folder)
+    return load_model_from_tensors(tensors, source.origin, config, max_positions, device, dtype)
+
+
+def load_model_from_tensors(
+    tensors: Iterator[tuple[str, torch.Tensor]],
+    origin: str,
+    config: ModelConfig,
+    max_positions: int,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> CausalLM:
+    """Builds the model from HF-named tensors (a checkpoint, or a live HF model's state).
+
+    Tensors already on ``device`` in ``dtype`` are used as they are, not copied.
+    """
     with torch.device("meta"):
         model = CausalLM(config, max_positions)
-    state = dict(_fused_weights(_read_safetensors(source.folder), config, device, dtype))
+    state = dict(_fused_weights(tensors, config, device, dtype))
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     missing = [m for m in missing if not (m == "lm_head.weight" and config.tie_word_embeddings)]
     if missing or unexpected:
         raise ValueError(
-            f"weights in '{source.origin}' do not fit a {config.model_type} model: "
+            f"weights in '{origin}' do not fit a {config.model_type} model: "
             f"missing {missing[:5]}, unexpected {unexpected[:5]}"
         )
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
+    if device.type == "cpu":
+        _column_major_projections(model)
     with torch.device(device):
         model.rotary = type(model.rotary)(config, max_positions)
     return model.eval()
+
+
+def _column_major_projections(model: CausalLM) -> None:
+    """Stores every projection's weight column-major (a transposed copy, seen transposed).
+
+    ``F.linear`` then hands BLAS an ``x @ W`` product instead of ``x @ W.T``. With one row
+    (decoding a single sequence) MKL's matrix-vector kernel for the usual layout ran on one
+    core at 16 GB/s here, against 24 GB/s for this layout: SmolLM2's decode step went from
+    42 ms to about 31 ms. From 8 rows up both layouts take the same GEMM and give
+    bit-identical results; with one or two rows the sums are ordered differently (last-bit
+    differences against HF's ``F.linear``). A tied LM head gets its own copy: the
+    embedding lookup keeps the row-major table.
+    """
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            weight = module.weight.detach()
+            module.weight = nn.Parameter(weight.t().contiguous().t(), requires_grad=False)
 
 
 def _read_safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:

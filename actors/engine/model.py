@@ -3,15 +3,17 @@
 The numerics follow transformers' reference implementation (RMSNorm in float32, RoPE with
 ``rotate_half``, SDPA attention) so that greedy output matches it token for token. The
 projections are fused (q|k|v and gate|up) to halve the matmul count per layer; tokens of
-all sequences in a step are flattened into one ``[tokens, hidden]`` batch.
+all sequences in a step are flattened into one ``[tokens, hidden]`` batch. Each layer
+hands the next its MLP output and the residual apart, so that the residual add and the
+next RMSNorm are one op (``fused_ops``: one kernel each on CUDA, plain torch on a CPU).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from dynask.actors.engine import fused_ops
 from dynask.actors.engine.attention import AttentionMetadata, paged_attention
 from dynask.actors.engine.model_config import ModelConfig
 
@@ -23,10 +25,13 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        return fused_ops.add_rms_norm(x, None, self.weight, self.eps)[0]
+
+    def add_norm(
+        self, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(norm(x + residual), x + residual)`` (one kernel on CUDA)."""
+        return fused_ops.add_rms_norm(x, residual, self.weight, self.eps)
 
 
 class RotaryEmbedding(nn.Module):
@@ -81,14 +86,24 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         num_tokens = hidden.shape[0]
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = self.qkv_proj(hidden)
+        fused = self.q_norm is None and fused_ops.can_fuse_rotary(qkv, self.head_dim)
+        if fused:  # RoPE in place in qkv, k and v into the cache: one kernel
+            fused_ops.rotary_and_store(
+                qkv, positions, rotary.cos, rotary.sin, kv_cache, meta.slot_mapping,
+                self.num_heads, self.num_kv_heads,
+            )  # fmt: skip
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(q, k, positions)
-        out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+        if not fused:
+            if self.q_norm is not None and self.k_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = rotary(q, k, positions)
+        out = paged_attention(
+            q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, store_kv=not fused
+        )
         projected: torch.Tensor = self.o_proj(out.reshape(num_tokens, self.q_size))
         return projected
 
@@ -105,8 +120,7 @@ class MLP(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        down: torch.Tensor = self.down_proj(F.silu(gate) * up)
+        down: torch.Tensor = self.down_proj(fused_ops.silu_and_mul(self.gate_up_proj(x)))
         return down
 
 
@@ -121,15 +135,19 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         hidden: torch.Tensor,
+        residual: torch.Tensor | None,
         positions: torch.Tensor,
         rotary: RotaryEmbedding,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        attn_out = self.self_attn(self.input_layernorm(hidden), positions, rotary, kv_cache, meta)
-        hidden = hidden + attn_out
-        mlp_out: torch.Tensor = self.mlp(self.post_attention_layernorm(hidden))
-        return hidden + mlp_out
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``hidden`` is the previous layer's MLP output (the embeddings for the first
+        layer, with ``residual`` None); returns this layer's MLP output and residual."""
+        normed, residual = self.input_layernorm.add_norm(hidden, residual)
+        attn_out = self.self_attn(normed, positions, rotary, kv_cache, meta)
+        normed, residual = self.post_attention_layernorm.add_norm(attn_out, residual)
+        mlp_out: torch.Tensor = self.mlp(normed)
+        return mlp_out, residual
 
 
 class CausalLM(nn.Module):
@@ -154,9 +172,10 @@ class CausalLM(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
+        residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden = layer(hidden, positions, self.rotary, kv_cache, meta)
-        normed: torch.Tensor = self.norm(hidden)
+            hidden, residual = layer(hidden, residual, positions, self.rotary, kv_cache, meta)
+        normed, _ = self.norm.add_norm(hidden, residual)
         return normed
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

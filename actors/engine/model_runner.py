@@ -3,6 +3,12 @@
 Token layout of a step: decoding sequences first (one token each, batched into a single
 attention call), then each prefill chunk. Logits are computed only for rows that end a
 sequence's pending tokens; a prefill chunk that stops mid-prompt samples nothing.
+
+On CUDA the step's inputs come from ``cuda_step`` (paged kernels reading the cache in
+place); a decode-only step replays a CUDA graph when graphs were captured
+(``capture_decode_graphs``). The cache then has one extra scratch block past the pool's
+blocks, where padded graph rows write. Sampling runs where the logits are and hands back
+the token ids with one device-to-host copy.
 """
 
 from __future__ import annotations
@@ -12,10 +18,12 @@ from dataclasses import dataclass
 import torch
 
 from dynask.actors.engine.attention import AttentionMetadata, DecodeRows, PrefillChunk
+from dynask.actors.engine.cuda_step import CudaLayout, DecodeGraphs, build_cuda_inputs
 from dynask.actors.engine.model import CausalLM
 from dynask.actors.engine.sampling import sample
 from dynask.actors.engine.scheduler import ScheduledChunk
 from dynask.actors.engine.sequence import Sequence
+from dynask.actors.engine.triton_attention import compile_paged_prefill
 
 
 @dataclass(frozen=True)
@@ -35,7 +43,20 @@ class ModelRunner:
         self.model = model
         self.spec = spec
         self.device = device
-        shape = (spec.num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
+        self.graphs: DecodeGraphs | None = None
+        self.cuda_layout: CudaLayout | None = None
+        num_blocks = spec.num_blocks
+        if device.type == "cuda":
+            num_blocks += 1  # the scratch block for padded rows of a CUDA graph
+            config = model.config
+            self.cuda_layout = CudaLayout(
+                block_size=spec.block_size,
+                num_kv_heads=spec.num_kv_heads,
+                group=config.num_heads // config.num_kv_heads,
+                num_sms=torch.cuda.get_device_properties(device).multi_processor_count,
+                scratch_slot=spec.num_blocks * spec.block_size,
+            )
+        shape = (num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
         # Zeroed, not empty: padded decode rows read slot 0, and garbage (NaN) there would
         # poison the masked softmax.
         self.kv_caches = [
@@ -46,23 +67,58 @@ class ModelRunner:
             for _ in range(spec.num_layers)
         ]
 
+    def compile_kernels(self) -> None:
+        """Compiles the paged prefill kernel now (CUDA); decode kernels compile on capture."""
+        if self.cuda_layout is not None:
+            k_cache, v_cache = self.kv_caches[0]
+            compile_paged_prefill(k_cache, v_cache, self.model.config.num_heads)
+
+    def capture_decode_graphs(self, max_batch: int, max_model_len: int) -> None:
+        """Captures decode steps of up to ``max_batch`` rows (CUDA only)."""
+        if self.cuda_layout is None:
+            raise ValueError(f"CUDA graphs need a CUDA device; this runner is on {self.device}")
+        max_blocks = -(-max_model_len // self.spec.block_size)
+        with torch.inference_mode():
+            self.graphs = DecodeGraphs(
+                self.model, self.kv_caches, self.cuda_layout, max_batch, max_blocks
+            )
+
     @torch.inference_mode()
     def run(self, chunks: list[ScheduledChunk]) -> list[int | None]:
         """Computes the step; returns the sampled token per chunk (None: mid-prefill)."""
         ordered = sorted(range(len(chunks)), key=lambda i: not _is_decode(chunks[i]))
-        batch = _StepInputs.build([chunks[i] for i in ordered], self.spec.block_size, self.device)
-        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
+        plan = _StepPlan.build([chunks[i] for i in ordered], self.spec.block_size)
         sampled_rows = [i for i in ordered if chunks[i].samples]
-        if not sampled_rows:
+        logits = self._logits(plan, ordered, sampled_rows)
+        if logits is None:
             return [None] * len(chunks)
-        row_index = torch.tensor(batch.last_rows(ordered, sampled_rows), device=self.device)
-        logits = self.model.compute_logits(hidden.index_select(0, row_index))
         seqs = [chunks[i].seq for i in sampled_rows]
         tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
         result: list[int | None] = [None] * len(chunks)
         for i, token in zip(sampled_rows, tokens, strict=True):
             result[i] = token
         return result
+
+    def _logits(
+        self, plan: _StepPlan, ordered: list[int], sampled_rows: list[int]
+    ) -> torch.Tensor | None:
+        graphs = self.graphs
+        decode_only = len(plan.decode_tables) == len(plan.ends)
+        all_sample = len(sampled_rows) == len(ordered)
+        if graphs is not None and decode_only and all_sample and graphs.bucket_for(len(ordered)):
+            return graphs.replay(plan.tokens, plan.decode_tables)  # every row samples
+        if self.cuda_layout is not None:
+            inputs = build_cuda_inputs(
+                plan.tokens, plan.decode_tables, plan.prefills, self.cuda_layout, self.device
+            )
+            input_ids, positions, meta = inputs.input_ids, inputs.positions, inputs.meta
+        else:
+            input_ids, positions, meta = plan.cpu_inputs(self.spec.block_size, self.device)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        if not sampled_rows:
+            return None
+        row_index = torch.tensor(plan.last_rows(ordered, sampled_rows)).to(self.device)
+        return self.model.compute_logits(hidden.index_select(0, row_index))
 
     def export_blocks(self, block_ids: list[int]) -> torch.Tensor:
         """KV of the given blocks: ``[layers, 2, blocks, block_size, kv_heads, head_dim]``."""
@@ -95,26 +151,25 @@ def _is_decode(chunk: ScheduledChunk) -> bool:
 
 
 @dataclass
-class _StepInputs:
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    meta: AttentionMetadata
+class _StepPlan:
+    """A step's rows as plain lists, before they become tensors on a device."""
+
+    tokens: list[list[int]]  # [ids, positions, slots] per row
     ends: list[int]  # per ordered chunk: index of its last token row
+    decode_seqs: list[Sequence]
+    decode_tables: list[list[int]]  # block ids per decode row
+    prefills: list[tuple[int, int, int, list[int]]]  # first row, new, cached, block ids
 
     def last_rows(self, ordered: list[int], wanted: list[int]) -> list[int]:
         end_of = {chunk_index: self.ends[pos] for pos, chunk_index in enumerate(ordered)}
         return [end_of[i] for i in wanted]
 
     @classmethod
-    def build(
-        cls, chunks: list[ScheduledChunk], block_size: int, device: torch.device
-    ) -> _StepInputs:
+    def build(cls, chunks: list[ScheduledChunk], block_size: int) -> _StepPlan:
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
-        ends: list[int] = []
-        decode_seqs: list[Sequence] = []
-        prefills: list[PrefillChunk] = []
+        plan = cls([ids, positions, slots], [], [], [], [])
         for chunk in chunks:
             seq, start = chunk.seq, chunk.seq.num_computed_tokens
             stop = start + chunk.num_new_tokens
@@ -124,25 +179,36 @@ class _StepInputs:
                 seq.blocks[p // block_size].block_id * block_size + p % block_size
                 for p in range(start, stop)
             ]
-            ends.append(len(ids) - 1)
+            plan.ends.append(len(ids) - 1)
+            blocks = [int(b.block_id) for b in seq.blocks[: -(-stop // block_size)]]
             if _is_decode(chunk):
-                decode_seqs.append(seq)
+                plan.decode_seqs.append(seq)
+                plan.decode_tables.append(blocks)
             else:
-                table = _block_table([seq], block_size, stop, device)[0] if start else None
-                prefills.append(
-                    PrefillChunk(len(ids) - chunk.num_new_tokens, len(ids), start, table)
-                )
-        meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
-            decode=_decode_rows(decode_seqs, block_size, device) if decode_seqs else None,
-            prefills=prefills,
+                plan.prefills.append((len(ids) - chunk.num_new_tokens, stop - start, start, blocks))
+        return plan
+
+    def cpu_inputs(
+        self, block_size: int, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """Input ids, positions and metadata for the gathering (CPU) attention path."""
+        prefills = [
+            PrefillChunk(
+                first,
+                first + count,
+                cached,
+                torch.tensor(blocks, dtype=torch.long, device=device) if cached else None,
+            )
+            for first, count, cached, blocks in self.prefills
+        ]
+        ids, positions, slots = (
+            torch.tensor(t, dtype=torch.long, device=device) for t in self.tokens
         )
-        return cls(
-            input_ids=torch.tensor(ids, dtype=torch.long, device=device),
-            positions=torch.tensor(positions, dtype=torch.long, device=device),
-            meta=meta,
-            ends=ends,
-        )
+        decode = None
+        if self.decode_seqs:
+            decode = _decode_rows(self.decode_seqs, self.decode_tables, block_size, device)
+        meta = AttentionMetadata(slot_mapping=slots, decode=decode, prefills=prefills)
+        return ids, positions, meta
 
 
 def _token_slice(seq: Sequence, start: int, stop: int) -> list[int]:
@@ -153,20 +219,14 @@ def _token_slice(seq: Sequence, start: int, stop: int) -> list[int]:
     return (prompt + seq.output_token_ids)[start:stop] if stop > len(prompt) else prompt[start:stop]
 
 
-def _block_table(
-    seqs: list[Sequence], block_size: int, width: int, device: torch.device
-) -> torch.Tensor:
-    """``[len(seqs), blocks]`` block ids covering positions 0 .. width-1 (0 as padding)."""
-    num_blocks = -(-width // block_size)
-    table = [[int(b.block_id) for b in s.blocks[:num_blocks]] for s in seqs]
-    table = [row + [0] * (num_blocks - len(row)) for row in table]
-    return torch.tensor(table, dtype=torch.long, device=device)
-
-
-def _decode_rows(seqs: list[Sequence], block_size: int, device: torch.device) -> DecodeRows:
+def _decode_rows(
+    seqs: list[Sequence], tables: list[list[int]], block_size: int, device: torch.device
+) -> DecodeRows:
     lengths = [s.num_computed_tokens + 1 for s in seqs]
-    table = _block_table(seqs, block_size, max(lengths), device)
-    width = table.shape[1] * block_size
+    num_blocks = max(len(t) for t in tables)
+    padded = [t + [0] * (num_blocks - len(t)) for t in tables]
+    table = torch.tensor(padded, dtype=torch.long, device=device)
+    width = num_blocks * block_size
     mask = (
         torch.arange(width, device=device)[None, :] < torch.tensor(lengths, device=device)[:, None]
     )

@@ -97,7 +97,7 @@ def test_parse_engine_lists_the_valid_forms(text: str, message: str) -> None:
         ),
         (
             {"kind": "torch", "engine_args": {"model": "x"}},
-            "engine argument 'model' is not known to out=torch; known: block_size, device, ",
+            "engine argument 'model' is not known to out=torch; known: block_size, cuda_graphs, ",
         ),
     ],
 )

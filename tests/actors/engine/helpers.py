@@ -1,7 +1,19 @@
-"""Helpers for engine tests: building engines and the HF reference."""
+"""Helpers for engine tests: building engines and the HF reference.
+
+``DYNASK_TEST_DEVICE=cuda`` runs the engine tests on a GPU: engines and the HF reference
+go there, in float32 unless ``DYNASK_TEST_DTYPE`` says otherwise, with a small fixed KV
+cache so that many engines fit side by side. float32 because these tests assert greedy
+output equal to HF token for token: in bfloat16 a fused GEMM (q|k|v, gate|up), another
+cuBLAS kernel choice for another batch shape, or another reduction order in RMSNorm
+rounds some activations one bf16 step apart, and random tiny models have near-tied
+logits, so a few rows drift after some tokens (HF against itself at another batch size
+does the same). bf16 is covered by the kernel tests, graph-vs-eager equality and the
+benchmark's per-row first-divergence report.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -14,14 +26,28 @@ from dynask.actors.engine.sampling import SamplingParams
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
 
 
+TEST_DEVICE = os.environ.get("DYNASK_TEST_DEVICE", "cpu")
+TEST_DTYPE = os.environ.get("DYNASK_TEST_DTYPE", "float32" if TEST_DEVICE != "cpu" else "auto")
+GPU_TEST_KV_BLOCKS = 1024
+
+
 def make_engine(folder: Path, **overrides: Any) -> LLMEngine:
-    return LLMEngine(EngineConfig(model=str(folder), device="cpu", **overrides))
+    if TEST_DEVICE != "cpu":
+        overrides.setdefault("num_kv_blocks", GPU_TEST_KV_BLOCKS)
+    config = EngineConfig(model=str(folder), device=TEST_DEVICE, dtype=TEST_DTYPE, **overrides)
+    return LLMEngine(config)
+
+
+def reference_dtype() -> torch.dtype:
+    config = EngineConfig(device=TEST_DEVICE, dtype=TEST_DTYPE)
+    return config.torch_dtype(config.torch_device())
 
 
 def hf_model(folder: Path) -> Any:
     from transformers import AutoModelForCausalLM
 
-    return without_eos(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval())
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=reference_dtype())
+    return without_eos(model.to(TEST_DEVICE).eval())
 
 
 def without_eos(model: Any) -> Any:
@@ -33,7 +59,7 @@ def without_eos(model: Any) -> Any:
 
 def hf_greedy(model: Any, prompt: list[int], max_new_tokens: int) -> list[int]:
     """transformers' greedy ``generate``."""
-    ids = torch.tensor([prompt])
+    ids = torch.tensor([prompt], device=model.device)
     out = model.generate(
         ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens
     )

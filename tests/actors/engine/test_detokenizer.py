@@ -13,10 +13,10 @@ TEXT = "Grüße aus Köln — 日本語のテキスト 🙂👍🏽 done"
 
 
 @pytest.fixture(scope="module")
-def tokenizer(smollm2_folder: Path) -> Any:
+def tokenizer(tokenizer_folder: Path) -> Any:
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(smollm2_folder)
+    return AutoTokenizer.from_pretrained(tokenizer_folder)
 
 
 def _stream(tokenizer: Any, text: str, stop: tuple[str, ...] = ()) -> tuple[list[str], Any]:

@@ -1,0 +1,140 @@
+"""The Triton paged-attention kernels against a plain reference (gathered K/V, float64).
+
+They run on a CUDA GPU; on a CPU only under Triton's interpreter (``TRITON_INTERPRET=1``
+with triton installed), otherwise they skip. (Triton 3.6's interpreter with numpy 2 fails
+on a loop bound loaded from memory — ``int()`` of a 1-element array — unless its tensor
+``__index__`` reads ``data.reshape(-1)[0]``; the kernels themselves are fine.)
+
+Shapes cover GQA groups of 1, 3 and 4, block sizes that do not divide the kernel's key
+tile, decode rows that are padding, context splits (flash-decoding), and prefill chunks
+after a cached prefix.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from dynask.actors.engine import triton_attention
+
+
+def _kernel_device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton"):
+        return torch.device("cpu")
+    pytest.skip("needs a CUDA GPU, or TRITON_INTERPRET=1 with triton installed")
+
+
+def _cache(blocks: int, block_size: int, kv_heads: int, dim: int, dtype, device, seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    shape = (blocks, block_size, kv_heads, dim)
+    k = torch.randn(shape, generator=generator).to(device, dtype)
+    v = torch.randn(shape, generator=generator).to(device, dtype)
+    return k, v
+
+
+def _reference(q, k_cache, v_cache, table, positions, scale):
+    """Attention of queries at ``positions`` over keys 0..position, in float64."""
+    block_size = k_cache.shape[1]
+    context = max(positions) + 1
+    slots = [table[p // block_size] * block_size + p % block_size for p in range(context)]
+    keys = k_cache.flatten(0, 1)[slots].double()  # [context, kv_heads, dim]
+    values = v_cache.flatten(0, 1)[slots].double()
+    group = q.shape[1] // keys.shape[1]
+    keys = keys.repeat_interleave(group, dim=1)
+    values = values.repeat_interleave(group, dim=1)
+    out = []
+    for row, pos in enumerate(positions):
+        scores = torch.einsum("hd,khd->hk", q[row].double(), keys[: pos + 1]) * scale
+        out.append(torch.einsum("hk,khd->hd", scores.softmax(-1), values[: pos + 1]))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "block_size", "splits", "dtype"),
+    [
+        (4, 2, 16, 1, torch.float32),
+        (3, 1, 5, 4, torch.float32),
+        (8, 2, 16, 2, torch.bfloat16),
+        (4, 4, 32, 8, torch.float32),
+    ],
+)
+def test_decode_matches_reference(heads, kv_heads, block_size, splits, dtype) -> None:
+    device = _kernel_device()
+    if device.type == "cpu" and dtype == torch.bfloat16:
+        pytest.skip("Triton's interpreter computes bfloat16 wrongly (numpy has no bfloat16)")
+    dim = 32
+    seq_lens = [1, 70, 0, 133]  # the third row is padding
+    width = -(-max(seq_lens) // block_size)
+    blocks = 4 * width + 3
+    k_cache, v_cache = _cache(blocks, block_size, kv_heads, dim, dtype, device, seed=1)
+    generator = torch.Generator().manual_seed(2)
+    tables = torch.randperm(blocks, generator=generator)[: 4 * width].view(4, width)
+    q = torch.randn((4, heads, dim), generator=generator).to(device, dtype)
+    out = torch.full_like(q, 7.0)
+
+    triton_attention.paged_decode(
+        q,
+        k_cache,
+        v_cache,
+        out,
+        tables.to(device, torch.int32),
+        torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        dim**-0.5,
+        splits,
+    )
+
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    for row, length in enumerate(seq_lens):
+        if length == 0:
+            assert torch.all(out[row] == 7.0)  # padding rows are left alone
+            continue
+        expected = _reference(
+            q[row : row + 1], k_cache, v_cache, tables[row].tolist(), [length - 1], dim**-0.5
+        )
+        torch.testing.assert_close(
+            out[row].double().cpu(), expected[0].cpu(), atol=tolerance, rtol=tolerance
+        )
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "block_size"), [(4, 2, 16), (6, 2, 7)])
+def test_prefill_after_cached_prefix_matches_reference(heads, kv_heads, block_size) -> None:
+    device = _kernel_device()
+    dim, width = 64, -(-105 // block_size)
+    blocks = 2 * width + 1
+    k_cache, v_cache = _cache(blocks, block_size, kv_heads, dim, torch.float32, device, seed=3)
+    # Two chunks in one step: 40 new tokens after 21 cached, 5 new after 100 cached.
+    chunks = [(0, 40, 21), (40, 5, 100)]
+    generator = torch.Generator().manual_seed(4)
+    tables = torch.randperm(blocks, generator=generator)[: 2 * width].view(2, width)
+    q = torch.randn((45, heads, dim), generator=generator).to(device)
+    out = torch.zeros_like(q)
+    group = heads // kv_heads
+    tiles = triton_attention.prefill_tiles(chunks, group, device)
+
+    triton_attention.paged_prefill(
+        q, k_cache, v_cache, out, tables.to(device, torch.int32), tiles, dim**-0.5
+    )
+
+    for index, (start, count, cached) in enumerate(chunks):
+        positions = list(range(cached, cached + count))
+        expected = _reference(
+            q[start : start + count], k_cache, v_cache, tables[index].tolist(), positions, dim**-0.5
+        )
+        torch.testing.assert_close(
+            out[start : start + count].double().cpu(), expected.cpu(), atol=1e-5, rtol=1e-5
+        )
+
+
+def test_start_up_compile_runs_the_prefill_kernel_on_block_zero() -> None:
+    device = _kernel_device()
+    k_cache, v_cache = _cache(2, 16, 2, 32, torch.float32, device, seed=5)
+    before = (k_cache.clone(), v_cache.clone())
+
+    triton_attention.compile_paged_prefill(k_cache, v_cache, num_heads=4)
+
+    assert torch.equal(k_cache, before[0]) and torch.equal(v_cache, before[1])

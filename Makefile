@@ -33,7 +33,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 
 typecheck: $(STAMP) .mypy_path/dynask
-	$(VENV)/bin/mypy -p dynask.kv -p dynask.actors -p dynask.control_plane
+	$(VENV)/bin/mypy -p dynask.kv -p dynask.actors -p dynask.control_plane -p dynask.web
 
 pytest: $(STAMP)
 	$(VENV)/bin/pytest

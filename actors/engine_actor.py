@@ -3,7 +3,8 @@
 Every method is ``async``: plain actor methods share ONE thread per Dask worker
 ("Dask-Actor-Threads"), so a slow call would block every other actor call; async methods
 run on the worker's event loop and the engine works in its own thread. Token deltas leave
-through the actor's own TCP stream (``token_stream``), not through actor calls.
+through the actor's own TCP stream (``token_stream``), not through actor calls, and so do
+KV events: the control plane only calls ``kv_cache_dump`` when it connects or finds a gap.
 """
 
 from __future__ import annotations
@@ -17,9 +18,14 @@ from typing import Any
 
 from dynask.actors.engine.sampling import SamplingParams
 from dynask.actors.engine_factory import EngineSpec, build_engine
-from dynask.actors.engine_protocol import Engine
+from dynask.actors.engine_protocol import Engine, KVCacheEngine
 from dynask.actors.malloc_tuning import keep_tensor_memory
-from dynask.actors.token_stream import TokenStreamServer, unpack_request, unpack_requests
+from dynask.actors.token_stream import (
+    TokenStreamServer,
+    pack_kv_dump,
+    unpack_request,
+    unpack_requests,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +54,17 @@ class EngineActor:
         stream = TokenStreamServer(asyncio.get_running_loop())
         address = await stream.start(_worker_host())
         engine.add_output_listener(stream.publish)
+        has_kv_cache = isinstance(engine, KVCacheEngine)
+        if has_kv_cache:
+            stream.watch_kv_events(engine.kv_events)
         engine.start()
         self._engine, self._stream = engine, stream
         self._info = {
             "name": self.name,
             "stream_address": address,
             "max_model_len": engine.max_model_len,
+            "kv_events": has_kv_cache,  # False: route with the approximate index
+            "kv_block_size": engine.kv_block_size if isinstance(engine, KVCacheEngine) else None,
             "engine": self.spec.kind,
             "model": self.spec.model,
             "worker": _worker_address(),
@@ -93,8 +104,17 @@ class EngineActor:
     async def stats(self) -> dict[str, Any]:
         return self._running().stats().to_dict()
 
-    async def kv_events(self) -> list[dict[str, Any]]:
-        return [record.to_dict() for record in self._running().kv_events.drain()]
+    async def kv_cache_dump(self) -> bytes:
+        """The engine's whole prefix cache (``token_stream.pack_kv_dump``), for a router
+        that has just connected or missed KV events. Built in a thread, under the engine's
+        step lock: consistent with the event ids, and the worker's loop never waits."""
+        engine = self._running()
+        if not isinstance(engine, KVCacheEngine):
+            raise TypeError(
+                f"engine actor {self.name} runs out={self.spec.kind}, which has no prefix "
+                "cache to dump; route it with the approximate index (info['kv_events'] is False)"
+            )
+        return pack_kv_dump(await asyncio.to_thread(engine.kv_cache_dump))
 
     async def health(self) -> dict[str, Any]:
         return {"name": self.name, "started": self._engine is not None}

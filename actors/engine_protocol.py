@@ -3,6 +3,9 @@
 Backends: the built-in engine (``out=torch``), ``echo``, ``mocker`` and ``python``. An
 engine takes token ids (the control plane applies chat templates and tokenizes), runs
 its own thread, and hands every step's deltas to its output listeners in one call.
+Engines with a prefix cache (the built-in engine and the mocker) are also
+``KVCacheEngine``s: their KV events and dumps feed the control plane's prefix index;
+the others (echo, python) are routed with an approximate index instead.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dynask.actors.engine.sampling import SamplingParams
 from dynask.actors.engine.stats import EngineStats
 from dynask.actors.engine.streams import OutputListener
 from dynask.kv.events import KVEventLog
+from dynask.kv.prefix_index import KVCacheDump
 
 
 @runtime_checkable
@@ -39,3 +43,15 @@ class Engine(Protocol):
 
     def stats(self) -> EngineStats:
         """Load and cache state, for routing, metrics and the admin UI."""
+
+
+@runtime_checkable
+class KVCacheEngine(Protocol):
+    """An engine with a prefix cache that reports its changes in ``kv_events``."""
+
+    @property
+    def kv_block_size(self) -> int:
+        """Tokens per KV block."""
+
+    def kv_cache_dump(self) -> KVCacheDump:
+        """The whole prefix cache as of ``kv_events.last_event_id`` (safe from any thread)."""

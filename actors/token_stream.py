@@ -9,6 +9,13 @@ request multiplexed on it; the engine thread hands each step's deltas over in ON
 
 Frame: a 4-byte big-endian length, then a msgpack map ``{"k": kind, "d": payload}``.
 Kind ``"out"`` carries a list of request deltas (``encode_output`` / ``decode_output``).
+Kind ``"kv"`` carries a list of KV event records (``KVEventRecord.to_dict``), oldest first,
+with the actor's monotonic event ids: the control plane's prefix index follows the
+engine's cache through them. A batch is pushed as soon as the engine records an event
+into an empty log (``KVEventLog.set_listener``), so events that an engine step recorded
+reach the reader before that step's deltas do: a request that has finished is already
+in the index when the next one is routed. A reader that connects later, or sees a gap
+in the ids, asks the actor for a dump (``pack_kv_dump``) instead.
 """
 
 from __future__ import annotations
@@ -22,12 +29,15 @@ from typing import Any
 import msgpack
 
 from dynask.actors.engine.sequence import FinishReason, RequestOutput, Usage
+from dynask.kv.events import KVEventLog
+from dynask.kv.prefix_index import KVCacheDump
 
 log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 64 * 2**20
 KIND_OUTPUTS = "out"
+KIND_KV_EVENTS = "kv"
 
 
 def encode_frame(kind: str, payload: Any) -> bytes:
@@ -102,6 +112,23 @@ def decode_output(item: dict[str, Any]) -> RequestOutput:
     )
 
 
+def pack_kv_dump(dump: KVCacheDump) -> bytes:
+    """A dump as bytes for the ``kv_cache_dump`` actor call (bytes cross Dask cheaply)."""
+    body: bytes = msgpack.packb(dump.to_dict(), use_bin_type=True)
+    return body
+
+
+def unpack_kv_dump(packed: bytes) -> KVCacheDump:
+    """Inverse of ``pack_kv_dump``; raises ``ValueError`` on anything else."""
+    try:
+        data = msgpack.unpackb(packed, raw=False)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"a KV cache dump must be msgpack bytes: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"a KV cache dump must be a msgpack map, got {type(data).__name__}")
+    return KVCacheDump.from_dict(data)
+
+
 class TokenStreamServer:
     """Listens on a port; pushes every engine step's deltas to all connected readers.
 
@@ -113,6 +140,7 @@ class TokenStreamServer:
         self._loop = loop
         self._writers: set[asyncio.StreamWriter] = set()
         self._server: asyncio.Server | None = None
+        self._kv_log: KVEventLog | None = None
 
     async def start(self, host: str) -> str:
         """Starts listening on an ephemeral port of ``host``; returns ``host:port``."""
@@ -133,6 +161,21 @@ class TokenStreamServer:
         frame = encode_frame(KIND_OUTPUTS, [encode_output(o) for o in outputs])
         self._loop.call_soon_threadsafe(self._write, frame)
 
+    def watch_kv_events(self, kv_log: KVEventLog) -> None:
+        """Pushes ``kv_log``'s records to every reader, a frame per batch (see the module
+        docstring). Records are drained even with no reader: a later one takes a dump."""
+        self._kv_log = kv_log
+        kv_log.set_listener(self._kv_events_pending)
+
+    def _kv_events_pending(self) -> None:
+        """Engine-thread side: one hop to the loop per batch of events."""
+        self._loop.call_soon_threadsafe(self._flush_kv_events)
+
+    def _flush_kv_events(self) -> None:
+        records = self._kv_log.drain() if self._kv_log is not None else []
+        if records:
+            self._write(encode_frame(KIND_KV_EVENTS, [record.to_dict() for record in records]))
+
     def _write(self, frame: bytes) -> None:
         for writer in list(self._writers):
             if writer.is_closing():
@@ -145,6 +188,8 @@ class TokenStreamServer:
         return len(self._writers)
 
     async def close(self) -> None:
+        if self._kv_log is not None:
+            self._kv_log.set_listener(None)
         for writer in list(self._writers):
             writer.close()
         if self._server is not None:

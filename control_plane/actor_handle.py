@@ -2,7 +2,10 @@
 
 One TCP connection per actor carries the deltas of all its requests; a reader task
 dispatches each delta to the queue of the request it belongs to. A request's deltas are
-consumed by ``generate``; a client that goes away aborts its request on the actor.
+consumed by ``generate``; a client that goes away aborts its request on the actor. The
+same connection carries the actor's KV events, handed to the ``listener`` (the model's
+``kv_sync.ActorKVSync``), which also hears when the stream breaks. ``load`` counts the
+blocks of the requests in flight, for the router.
 """
 
 from __future__ import annotations
@@ -11,10 +14,17 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from dynask.actors.engine.sequence import RequestOutput
-from dynask.actors.token_stream import KIND_OUTPUTS, decode_output, pack_request, read_frame
+from dynask.actors.token_stream import (
+    KIND_KV_EVENTS,
+    KIND_OUTPUTS,
+    decode_output,
+    pack_request,
+    read_frame,
+)
+from dynask.control_plane.actor_load import DEFAULT_BLOCK_SIZE, ActorLoad
 from dynask.control_plane.submit_batcher import SubmitBatcher
 
 log = logging.getLogger(__name__)
@@ -26,6 +36,14 @@ class ActorUnavailableError(RuntimeError):
     """The actor's stream broke or the actor cannot be reached."""
 
 
+class StreamListener(Protocol):
+    """Who follows an actor's KV events (``kv_sync.ActorKVSync``)."""
+
+    def on_kv_events(self, payload: Any) -> None: ...
+
+    def on_stream_closed(self) -> None: ...
+
+
 @dataclass
 class ActorHandle:
     """An engine actor as the router sees it: identity, limits and live load."""
@@ -34,13 +52,22 @@ class ActorHandle:
     deployment: str
     proxy: Any  # distributed.Actor
     info: dict[str, Any]
-    in_flight: int = 0
     stats: dict[str, Any] = field(default_factory=dict)
+    listener: StreamListener | None = None
+    load: ActorLoad = field(init=False)
     _queues: dict[str, asyncio.Queue[RequestOutput | None]] = field(default_factory=dict)
     _reader_task: asyncio.Task[None] | None = None
     _writer: asyncio.StreamWriter | None = None
     _batcher: SubmitBatcher | None = None
     broken: bool = False
+
+    def __post_init__(self) -> None:
+        self.load = ActorLoad(int(self.info.get("kv_block_size") or DEFAULT_BLOCK_SIZE))
+
+    @property
+    def in_flight(self) -> int:
+        """Requests this control plane has on the actor."""
+        return len(self.load)
 
     @property
     def max_model_len(self) -> int:
@@ -63,6 +90,8 @@ class ActorHandle:
                 if kind == KIND_OUTPUTS:
                     for item in payload:
                         self._dispatch(decode_output(item))
+                elif kind == KIND_KV_EVENTS and self.listener is not None:
+                    self.listener.on_kv_events(payload)
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
             log.warning("token stream of %s closed: %s", self.name, exc)
         finally:
@@ -77,6 +106,8 @@ class ActorHandle:
         self.broken = True
         for queue in self._queues.values():
             queue.put_nowait(None)  # wakes every waiter: its actor is gone
+        if self.listener is not None:
+            self.listener.on_stream_closed()
 
     async def generate(
         self, request_id: str, prompt: list[int], params: dict[str, Any]
@@ -86,12 +117,17 @@ class ActorHandle:
         Each item is every delta that had arrived by then: under load several engine steps
         arrive between two turns of the event loop, and a caller that writes them in one
         go (one SSE write, not one per token) spends much less CPU per request.
+
+        The request counts in ``load`` until it ends: from ``reserve`` (the router's
+        choice) if it was reserved, else from here.
         """
         if self.broken:
+            self.load.release(request_id)
             raise ActorUnavailableError(f"engine actor {self.name} is unavailable")
         queue: asyncio.Queue[RequestOutput | None] = asyncio.Queue()
         self._queues[request_id] = queue
-        self.in_flight += 1
+        if request_id not in self.load:
+            self.load.admit(request_id, len(prompt))
         finished = False
         submitted: asyncio.Future[None] | None = None
         try:
@@ -105,12 +141,18 @@ class ActorHandle:
                     raise ActorUnavailableError(f"engine actor {self.name} went away")
                 outputs = [o for o in batch if o is not None]
                 finished = outputs[-1].finished
+                self.load.advance(request_id, sum(len(o.token_ids) for o in outputs))
                 yield outputs
         finally:
-            self.in_flight -= 1
+            self.load.release(request_id)
             del self._queues[request_id]
             if not finished and not self.broken and submitted is not None:
                 await self._abort_if_submitted(request_id, submitted)
+
+    def reserve(self, request_id: str, prompt_tokens: int, cached_tokens: int) -> None:
+        """Counts a routed request in ``load`` before ``generate`` starts it, so requests
+        routed meanwhile see it; ``load.release`` undoes it if it never starts."""
+        self.load.admit(request_id, prompt_tokens, cached_tokens)
 
     def _submitter(self) -> SubmitBatcher:
         if self._batcher is None:

@@ -1,4 +1,4 @@
-"""The Starlette application: OpenAI API, health, metrics, OpenAPI document."""
+"""The Starlette application: OpenAI API, routing decisions, health, metrics, OpenAPI."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from starlette.routing import BaseRoute, Route
 from dynask.control_plane.errors import APIError
 from dynask.control_plane.openai_api import make_openai_routes
 from dynask.control_plane.openapi_spec import openapi_document
+from dynask.control_plane.routing_api import make_routing_routes
 from dynask.control_plane.service import ServingService
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,7 @@ def build_app(
     """The control plane's HTTP app over ``service``; ``lifespan`` starts the cluster side."""
     routes: list[BaseRoute] = [
         *make_openai_routes(service),
+        *make_routing_routes(service),
         *_operational_routes(service),
         *(extra_routes or []),
     ]

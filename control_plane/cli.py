@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from dynask.control_plane.cli_commands import ENGINE_FORMS, IN_MODES, run_command, serve_command
+from dynask.control_plane.kv_router import KV_MODE, ROUTING_MODES
 
 
 class CLIError(ValueError):
@@ -35,11 +36,65 @@ def _parser() -> argparse.ArgumentParser:
 def _add_common(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("--host", default="127.0.0.1")
     cmd.add_argument("--port", type=int, default=8000)
-    cmd.add_argument(
-        "--router-mode", default="least-loaded", help="least-loaded | round-robin | random"
-    )
     cmd.add_argument("--database-url", default=None, help="default: $DYNASK_DATABASE_URL or SQLite")
     cmd.add_argument("--log-level", default="WARNING")
+    _add_routing(cmd)
+
+
+def _add_routing(cmd: argparse.ArgumentParser) -> None:
+    routing = cmd.add_argument_group(
+        'routing (a request may override --router-mode with "router_mode" in its body)'
+    )
+    routing.add_argument(
+        "--router-mode",
+        default=KV_MODE,
+        choices=ROUTING_MODES,
+        help="kv: the actor holding most of the prompt's KV, net of its load (default)",
+    )
+    routing.add_argument(
+        "--kv-overlap-weight",
+        type=_non_negative_float,
+        default=1.0,
+        help="cost of one prefill block against one decode block (default 1.0)",
+    )
+    routing.add_argument(
+        "--router-temperature",
+        type=_non_negative_float,
+        default=0.0,
+        help="0: lowest cost wins; > 0: sample by softmax over the costs",
+    )
+    routing.add_argument(
+        "--max-active-blocks",
+        type=_positive_int,
+        default=None,
+        help="503 when every engine has this many KV blocks in flight (default: no limit)",
+    )
+    routing.add_argument(
+        "--max-queue",
+        type=_positive_int,
+        default=None,
+        help="503 when every engine has this many requests waiting (default: no limit)",
+    )
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"has value {text!r}; expected a number >= 0")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"has value {text!r}; expected an integer >= 1")
+    return value
 
 
 def _add_run(run: argparse.ArgumentParser) -> None:
@@ -91,10 +146,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
     )
     try:
-        if args.command == "run":
-            return run_command(args)
-        if args.command == "serve":
-            return serve_command(args)
+        if args.command in ("run", "serve"):
+            # The composition root: the admin UI (``web``) plugs into the control plane here.
+            from dynask.web.mount import admin_extension
+
+            command = run_command if args.command == "run" else serve_command
+            return command(args, extensions=[admin_extension])
         return _db_command(args)
     except (ValueError, FileNotFoundError, KeyError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc

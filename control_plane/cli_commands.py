@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from dynask.control_plane.cluster import DeploymentPlan, served_name
 from dynask.control_plane.deploy_file import read_deploy_file
+
+if TYPE_CHECKING:
+    from dynask.control_plane.http_server import Extension
 
 IN_MODES = ("http", "text", "batch:FILE.jsonl")
 ENGINE_FORMS = ("torch", "echo", "mocker", "python:FILE.py")
@@ -31,7 +35,7 @@ def _engine_args(args: argparse.Namespace, kind: str) -> dict[str, Any]:
     return given
 
 
-def run_command(args: argparse.Namespace) -> int:
+def run_command(args: argparse.Namespace, extensions: Sequence[Extension] = ()) -> int:
     from dynask.actors.engine.loader import resolve_model
     from dynask.actors.engine_factory import EngineSpec, parse_engine
 
@@ -59,6 +63,7 @@ def run_command(args: argparse.Namespace) -> int:
             ],
             scheduler=None,
             n_workers=args.workers,
+            extensions=extensions,
         )
     if kind != "torch":
         raise ValueError(f"in={args.input} runs the built-in engine only; drop out={args.engine}")
@@ -87,9 +92,11 @@ def _run_local(args: argparse.Namespace, model: str | None) -> int:
         engine.shutdown()
 
 
-def serve_command(args: argparse.Namespace) -> int:
+def serve_command(args: argparse.Namespace, extensions: Sequence[Extension] = ()) -> int:
     deployments = read_deploy_file(args.deploy_file) if args.deploy_file else []
-    return _serve_http(args, deployments, scheduler=args.scheduler, n_workers=0)
+    return _serve_http(
+        args, deployments, scheduler=args.scheduler, n_workers=0, extensions=extensions
+    )
 
 
 def _serve_http(
@@ -97,15 +104,24 @@ def _serve_http(
     deployments: list[DeploymentPlan],
     scheduler: str | None,
     n_workers: int,
+    extensions: Sequence[Extension] = (),
 ) -> int:
     from dynask.control_plane.http_server import ControlPlane, ServerOptions
+    from dynask.control_plane.model_routing import RoutingOptions
 
+    routing = RoutingOptions(
+        mode=args.router_mode,
+        overlap_weight=args.kv_overlap_weight,
+        temperature=args.router_temperature,
+        max_active_blocks=args.max_active_blocks,
+        max_queue=args.max_queue,
+    )
     options = ServerOptions(
         host=args.host,
         port=args.port,
-        router_mode=args.router_mode,
+        routing=routing,
         scheduler_address=scheduler,
         n_workers=n_workers,
         database_url=args.database_url,
     )
-    return ControlPlane(deployments, options).serve()
+    return ControlPlane(deployments, options, extensions).serve()

@@ -104,10 +104,16 @@ class ClusterRuntime:
             except Exception:
                 log.exception("reconcile failed; retrying in %.0fs", RECONCILE_INTERVAL_S)
 
+    def set_deployments(self, deployments: list[DeploymentPlan]) -> None:
+        """Replaces the desired state; the next ``reconcile`` acts on it."""
+        self.deployments = list(deployments)
+
     async def reconcile(self) -> None:
-        """Creates missing replicas on free workers; drops actors whose stream broke."""
+        """Creates missing replicas on free workers; drops actors whose stream broke and
+        stops the ones no deployment wants any more (scaled down or deleted)."""
         async with self._lock:
             self._drop_broken()
+            await self._stop_surplus()
             for deployment in self.deployments:
                 missing = deployment.replicas - self._count(deployment.name)
                 for worker in (await self._free_workers())[: max(0, missing)]:
@@ -120,6 +126,16 @@ class ClusterRuntime:
                 self.service.remove_actor(name)
                 del self._handles[name]
                 self._on_actor_event(name, "lost", {"worker": handle.worker})
+
+    async def _stop_surplus(self) -> None:
+        wanted = {d.name: d.replicas for d in self.deployments}
+        for name, handle in sorted(self._handles.items(), reverse=True):  # newest first
+            if self._count(handle.deployment) <= wanted.get(handle.deployment, 0):
+                continue
+            self.service.remove_actor(name)
+            del self._handles[name]
+            await self._stop_handle(handle)
+            self._on_actor_event(name, "stopped", {"worker": handle.worker})
 
     def _count(self, deployment: str) -> int:
         return sum(1 for h in self._handles.values() if h.deployment == deployment)
@@ -185,16 +201,19 @@ class ClusterRuntime:
                 stats = await handle.refresh_stats()
                 self.service.metrics.observe_actor(handle.name, stats)
 
+    async def _stop_handle(self, handle: ActorHandle) -> None:
+        await handle.close()
+        if not handle.broken:
+            try:
+                await asyncio.wait_for(handle.proxy.stop(), timeout=10)
+            except Exception as exc:  # stopping: report, keep closing the rest
+                log.warning("stopping %s failed: %s", handle.name, exc)
+
     async def stop(self) -> None:
         if self._reconciler is not None:
             self._reconciler.cancel()
         for handle in self._handles.values():
-            await handle.close()
-            if not handle.broken:
-                try:
-                    await asyncio.wait_for(handle.proxy.stop(), timeout=10)
-                except Exception as exc:  # shutting down: report, keep closing the rest
-                    log.warning("stopping %s failed: %s", handle.name, exc)
+            await self._stop_handle(handle)
         self._handles.clear()
         if self.client is not None:
             await self.client.close()  # type: ignore[no-untyped-call]

@@ -1,4 +1,5 @@
-"""SQLAlchemy models of the control plane's state: deployments, workers, actors, events.
+"""SQLAlchemy models of the control plane's state: deployments, workers, actors, events,
+admin users.
 
 Design decisions:
 - The schema is created only by the Alembic migrations in ``migrations/``; these models
@@ -151,3 +152,15 @@ class EventRow(Base):
     kind: Mapped[str] = mapped_column(String(64))
     subject: Mapped[str] = mapped_column(String(255))
     details: Mapped[dict[str, Any]]
+
+
+class AdminUserRow(Base):
+    """An account of the admin UI; the password is stored as a salted scrypt hash."""
+
+    __tablename__ = "admin_users"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    username: Mapped[str] = mapped_column(String(64), unique=True)
+    password_hash: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_login_at: Mapped[datetime | None]

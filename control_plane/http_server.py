@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import uvicorn
 from starlette.applications import Starlette
@@ -24,8 +24,8 @@ from dynask.control_plane.app import build_app
 from dynask.control_plane.cluster import ClusterRuntime, DeploymentPlan
 from dynask.control_plane.database import default_database_url, make_engine, upgrade
 from dynask.control_plane.metrics import ServingMetrics
+from dynask.control_plane.model_routing import RoutingOptions
 from dynask.control_plane.repository import Repository
-from dynask.control_plane.router import Router
 from dynask.control_plane.service import ServingService
 from dynask.control_plane.state_sync import ActorRecorder, store_deployments, stored_plans
 
@@ -38,31 +38,43 @@ STATS_INTERVAL_S = 1.0
 class ServerOptions:
     host: str = "127.0.0.1"
     port: int = 8000
-    router_mode: str = "least-loaded"
+    routing: RoutingOptions = field(default_factory=RoutingOptions)
     scheduler_address: str | None = None  # None: an embedded LocalCluster
     n_workers: int = 1
     database_url: str | None = None  # None: $DYNASK_DATABASE_URL or the SQLite default
     who: str = "cli"  # recorded in the event log
 
 
+Extension = Callable[["ControlPlane"], list[BaseRoute]]
+"""Adds routes to the app, given the wired control plane (the admin UI is one). The CLI
+passes them in: ``control_plane`` never imports ``web``."""
+
+
 class ControlPlane:
     """Service + runtime + app, wired together."""
 
-    def __init__(self, deployments: list[DeploymentPlan], options: ServerOptions) -> None:
+    def __init__(
+        self,
+        deployments: list[DeploymentPlan],
+        options: ServerOptions,
+        extensions: Sequence[Extension] = (),
+    ) -> None:
         self.options = options
-        self.service = ServingService(ServingMetrics(), Router(options.router_mode))
+        self.service = ServingService(ServingMetrics(), options.routing)
         self.repo = Repository(make_engine(options.database_url or default_database_url()))
+        self.recorder = ActorRecorder(self.repo)
         self.deployments = self._desired_state(deployments)
         self.runtime = ClusterRuntime(
             self.service,
             self.deployments,
             options.scheduler_address,
             options.n_workers,
-            on_actor_event=ActorRecorder(self.repo),
+            on_actor_event=self.recorder,
         )
         self.startup_error: BaseException | None = None
         self.server: uvicorn.Server | None = None
-        self.app = build_app(self.service, self._lifespan, self._extra_routes())
+        extra = [route for extend in extensions for route in extend(self)]
+        self.app = build_app(self.service, self._lifespan, [*self._extra_routes(), *extra])
 
     def _desired_state(self, deployments: list[DeploymentPlan]) -> list[DeploymentPlan]:
         """Migrates the database, stores ``deployments``, or restores them when empty."""
@@ -108,6 +120,7 @@ class ControlPlane:
             stats.cancel()
             starting.cancel()
             await self.runtime.stop()
+            await asyncio.to_thread(self.recorder.close)
 
     def _started(self, task: asyncio.Task[None]) -> None:
         if task.cancelled():

@@ -5,6 +5,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_DECISION_BUCKETS = (5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2.5e-3, 1e-2)
+_BLOCK_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 
 
 class ServingMetrics:
@@ -53,6 +55,65 @@ class ServingMetrics:
             ["actor"],
             registry=r,
         )
+
+        self._add_routing_metrics()
+        self._prompt_tokens_seen: dict[str, list[int]] = {}  # model -> [prompt, cached]
+
+    def _add_routing_metrics(self) -> None:
+        r = self.registry
+        self.routing_seconds = Histogram(
+            "dynask_routing_decision_seconds",
+            "Router's own time per decision (index lookup and scoring)",
+            ["model"],
+            buckets=_DECISION_BUCKETS,
+            registry=r,
+        )
+        self.routing_overlap_blocks = Histogram(
+            "dynask_routing_overlap_blocks",
+            "Prompt blocks the chosen actor already held, per decision",
+            ["actor"],
+            buckets=_BLOCK_BUCKETS,
+            registry=r,
+        )
+        self.routing_decisions = Counter(
+            "dynask_routing_decisions",
+            "Routing decisions by model and mode",
+            ["model", "mode"],
+            registry=r,
+        )
+        self.requests_shed = Counter(
+            "dynask_requests_shed",
+            "Requests answered 503 because every actor was at an overload threshold",
+            ["model"],
+            registry=r,
+        )
+        self.kv_resyncs = Counter(
+            "dynask_kv_resyncs",
+            "Prefix-index rebuilds of an actor from a KV cache dump, by reason",
+            ["actor", "reason"],
+            registry=r,
+        )
+        self.cached_prompt_tokens = Counter(
+            "dynask_cached_prompt_tokens",
+            "Prompt tokens of finished requests served from a prefix cache",
+            ["model"],
+            registry=r,
+        )
+        self.kv_hit_rate = Gauge(
+            "dynask_kv_hit_rate",
+            "Cached prompt tokens / prompt tokens, over the finished requests",
+            ["model"],
+            registry=r,
+        )
+
+    def observe_usage(self, model: str, prompt_tokens: int, cached_tokens: int) -> None:
+        """A finished request's usage: feeds the KV hit rate."""
+        seen = self._prompt_tokens_seen.setdefault(model, [0, 0])
+        seen[0] += prompt_tokens
+        seen[1] += cached_tokens
+        self.cached_prompt_tokens.labels(model).inc(cached_tokens)
+        if seen[0]:
+            self.kv_hit_rate.labels(model).set(seen[1] / seen[0])
 
     def observe_actor(self, actor: str, stats: dict[str, float]) -> None:
         self.actor_running.labels(actor).set(stats.get("num_running", 0))

@@ -20,7 +20,7 @@ from starlette.routing import Route
 from dynask.actors.engine.sequence import FinishReason, RequestOutput, Usage
 from dynask.control_plane.errors import APIError
 from dynask.control_plane.openai_schema import GenerationRequest, parse_chat, parse_completion
-from dynask.control_plane.service import PreparedRequest, ServingService
+from dynask.control_plane.service import PreparedRequest, RoutedRequest, ServingService
 from dynask.control_plane.sse_stream import TokenEventResponse
 
 MAX_BODY_BYTES = 4 * 2**20
@@ -80,30 +80,35 @@ async def _serve(
     parsed = parse(await read_json(request))
     prepared = service.prepare(parsed, fmt.id_prefix)
     formatter = fmt(prepared, parsed.model)
+    routed = service.route(prepared)  # before any response: a 503 stays a 503
     metrics = service.metrics
     metrics.input_tokens.labels(parsed.model).inc(len(prepared.prompt_ids))
     if parsed.stream:
-        events = _sse_events(service, prepared, formatter, parsed.include_usage, started)
-        return TokenEventResponse(events, ping=600, sep="\n")
-    outputs = [o async for batch in _tracked(service, prepared, started) for o in batch]
+        events = _sse_events(service, routed, formatter, parsed.include_usage, started)
+        return TokenEventResponse(events, ping=600, sep="\n", on_close=routed.release)
+    try:
+        outputs = [o async for batch in _tracked(service, routed, started) for o in batch]
+    finally:
+        routed.release()
     return JSONResponse(formatter.whole(outputs))
 
 
 async def _tracked(
-    service: ServingService, prepared: PreparedRequest, started: float
+    service: ServingService, routed: RoutedRequest, started: float
 ) -> AsyncIterator[list[RequestOutput]]:
     """The request's deltas as they arrive (in batches), with metrics recorded on the way.
 
     Inter-token latency is the gap between two arrivals spread over the tokens of the
     later one: deltas that arrive together reach the client in one write.
     """
+    prepared = routed.prepared
     metrics, model = service.metrics, prepared.model.name
     ttft, itl = metrics.ttft.labels(model), metrics.itl.labels(model)  # resolved once
     output_tokens = metrics.output_tokens.labels(model)
     metrics.in_flight.inc()
     status, last = "error", None
     try:
-        async for outputs in service.generate(prepared):
+        async for outputs in service.generate(routed):
             now = time.monotonic()
             if last is None:
                 ttft.observe(now - started)
@@ -112,7 +117,10 @@ async def _tracked(
                     itl.observe((now - last) / len(outputs))
             last = now
             output_tokens.inc(sum(len(o.token_ids) for o in outputs))
-            _raise_if_aborted(prepared, outputs[-1])
+            final = outputs[-1]
+            _raise_if_aborted(prepared, final)
+            if final.usage is not None:
+                metrics.observe_usage(model, final.usage.prompt_tokens, final.usage.cached_tokens)
             yield outputs
         status = "ok"
     finally:
@@ -132,7 +140,7 @@ def _raise_if_aborted(prepared: PreparedRequest, output: RequestOutput) -> None:
 
 async def _sse_events(
     service: ServingService,
-    prepared: PreparedRequest,
+    routed: RoutedRequest,
     formatter: _Format,
     include_usage: bool,
     started: float,
@@ -143,7 +151,7 @@ async def _sse_events(
     if first is not None:
         yield sse_event(first)
     try:
-        async for outputs in _tracked(service, prepared, started):
+        async for outputs in _tracked(service, routed, started):
             events = [formatter.chunk_event(output) for output in outputs]
             last = outputs[-1]
             if last.finished and include_usage and last.usage is not None:

@@ -3,6 +3,8 @@
 Every rule names the parameter and the bad value, so a client sees exactly what to fix.
 Unknown fields are ignored (clients send ``user``, ``metadata`` …); features we do not
 implement (n > 1, penalties, logprobs, tools) are refused explicitly rather than ignored.
+Extensions: ``ignore_eos``, ``top_k`` and ``router_mode`` (this request's routing mode,
+overriding the server's ``--router-mode``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dynask.control_plane.errors import invalid
+from dynask.control_plane.kv_router import ROUTING_MODES
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 _UNSUPPORTED_NONZERO = ("presence_penalty", "frequency_penalty")
@@ -28,6 +31,7 @@ class GenerationRequest:
     sampling: dict[str, Any]  # keyword arguments of SamplingParams (without max_tokens)
     stream: bool
     include_usage: bool
+    router_mode: str | None = None  # None: the server's default
 
 
 def parse_chat(body: Any) -> GenerationRequest:
@@ -65,6 +69,19 @@ def _common(
         sampling=_sampling(body),
         stream=stream,
         include_usage=bool(stream and options and _bool(options, "include_usage", False)),
+        router_mode=_router_mode(body.get("router_mode")),
+    )
+
+
+def _router_mode(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str) and value in ROUTING_MODES:
+        return value
+    raise invalid(
+        "router_mode",
+        f"'router_mode' has value {value!r}; use one of {', '.join(ROUTING_MODES)}, "
+        "or leave it out for the server's default",
     )
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dynask.control_plane.kv_router import ROUTING_MODES
+
 _ERROR = {
     "type": "object",
     "properties": {
@@ -35,6 +37,7 @@ _SAMPLING = {
     "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
     "n": {"type": "integer", "enum": [1]},
     "ignore_eos": {"type": "boolean"},
+    "router_mode": {"type": "string", "enum": list(ROUTING_MODES)},
 }
 
 
@@ -54,7 +57,7 @@ def _post(summary: str, body: dict[str, Any]) -> dict[str, Any]:
                     "content": {"application/json": {"schema": _ERROR}},
                 },
                 "503": {
-                    "description": "no engine ready",
+                    "description": "no engine ready, or every engine overloaded (Retry-After)",
                     "content": {"application/json": {"schema": _ERROR}},
                 },
             },
@@ -100,6 +103,16 @@ def openapi_document() -> dict[str, Any]:
             "/v1/completions": _post("Text completion (OpenAI-compatible)", completion),
             "/v1/models": {
                 "get": {"summary": "Served models", "responses": {"200": {"description": "list"}}}
+            },
+            "/v1/routing/decisions": {
+                "get": {
+                    "summary": "Recent routing decisions with every candidate's terms",
+                    "parameters": [
+                        {"name": "limit", "in": "query", "schema": {"type": "integer"}},
+                        {"name": "model", "in": "query", "schema": {"type": "string"}},
+                    ],
+                    "responses": {"200": {"description": "list, newest first"}},
+                }
             },
             "/health": {
                 "get": {

@@ -1,4 +1,10 @@
-"""The serving core behind the HTTP API: models, their actors, prompts and generation."""
+"""The serving core behind the HTTP API: models, their actors, prompts and generation.
+
+A request is prepared (validated, tokenized), routed (``route``: the model's
+``ModelRouting`` picks the actor and the actor's load counts the request at once, so
+requests routed meanwhile see it), then generated. Routing happens before any response
+starts, so shedding under overload is a plain 503 with ``Retry-After``, streaming or not.
+"""
 
 from __future__ import annotations
 
@@ -14,14 +20,23 @@ from dynask.actors.engine.sequence import RequestOutput
 from dynask.control_plane.actor_handle import ActorHandle, ActorUnavailableError
 from dynask.control_plane.errors import APIError, invalid
 from dynask.control_plane.metrics import ServingMetrics
+from dynask.control_plane.model_routing import (
+    ModelRouting,
+    NoReadyActorError,
+    OverloadedError,
+    Route,
+    RoutingOptions,
+)
 from dynask.control_plane.openai_schema import GenerationRequest
-from dynask.control_plane.router import Router
+
+RETRY_AFTER_S = 1
 
 
 @dataclass
 class ServedModel:
     name: str
     tokenizer: Any
+    routing: ModelRouting
     actors: list[ActorHandle] = field(default_factory=list)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -38,12 +53,29 @@ class PreparedRequest:
     model: ServedModel
     prompt_ids: list[int]
     params: dict[str, Any]
+    router_mode: str | None = None  # the request's own choice; None: the server's
+
+
+@dataclass(frozen=True)
+class RoutedRequest:
+    """A prepared request and the actor chosen for it (already counted in its load)."""
+
+    prepared: PreparedRequest
+    route: Route
+
+    @property
+    def actor(self) -> ActorHandle:
+        return self.route.actor
+
+    def release(self) -> None:
+        """Uncounts the request from its actor's load (idempotent; ``generate`` does it)."""
+        self.route.actor.load.release(self.prepared.request_id)
 
 
 class ServingService:
-    def __init__(self, metrics: ServingMetrics, router: Router) -> None:
+    def __init__(self, metrics: ServingMetrics, routing: RoutingOptions | None = None) -> None:
         self.metrics = metrics
-        self.router = router
+        self.routing = routing or RoutingOptions()
         self.models: dict[str, ServedModel] = {}
 
     # ---- actors -------------------------------------------------------------------
@@ -51,15 +83,20 @@ class ServingService:
     def add_actor(self, model_name: str, handle: ActorHandle) -> None:
         model = self.models.get(model_name)
         if model is None:
-            model = ServedModel(model_name, tokenizer_from_files(handle.info["tokenizer_files"]))
+            tokenizer = tokenizer_from_files(handle.info["tokenizer_files"])
+            routing = ModelRouting(model_name, self.routing, self.metrics)
+            model = ServedModel(model_name, tokenizer, routing)
             self.models[model_name] = model
         model.actors.append(handle)
+        model.routing.add_actor(handle)
 
     def remove_actor(self, actor_name: str) -> ActorHandle | None:
+        """Stops routing to the actor and drops its blocks from the prefix index."""
         for model in self.models.values():
             for handle in model.actors:
                 if handle.name == actor_name:
                     model.actors.remove(handle)
+                    model.routing.remove_actor(actor_name)
                     return handle
         return None
 
@@ -90,7 +127,8 @@ class ServingService:
                 f"{limit - len(prompt_ids)} tokens",
             )
         params = {**request.sampling, "max_tokens": max_tokens}
-        return PreparedRequest(f"{prefix}-{uuid.uuid4().hex}", model, prompt_ids, params)
+        request_id = f"{prefix}-{uuid.uuid4().hex}"
+        return PreparedRequest(request_id, model, prompt_ids, params, request.router_mode)
 
     def model(self, name: str) -> ServedModel:
         model = self.models.get(name)
@@ -121,23 +159,49 @@ class ServingService:
             raise invalid("prompt", f"token id {bad} is outside the vocabulary [0, {vocab})")
         return prompt
 
-    async def generate(self, prepared: PreparedRequest) -> AsyncIterator[list[RequestOutput]]:
-        """Routes the request to an actor and yields its deltas (as they arrive, in batches)."""
-        actor = self.router.choose(prepared.model.actors)
-        if actor is None:
-            raise APIError(
-                f"no engine for model '{prepared.model.name}' is ready; retry shortly",
-                status=503,
-                code="no_ready_engine",
-                headers={"Retry-After": "1"},
-            )
+    def route(self, prepared: PreparedRequest) -> RoutedRequest:
+        """Chooses the request's actor and counts it there; a 503 ``APIError`` when no
+        actor is ready or every one is at an overload threshold."""
+        model = prepared.model
+        retry = {"Retry-After": str(RETRY_AFTER_S)}
         try:
-            async for outputs in actor.generate(
+            route = model.routing.choose(
+                prepared.request_id, prepared.prompt_ids, model.actors, prepared.router_mode
+            )
+        except NoReadyActorError as exc:
+            raise APIError(
+                f"{exc}; retry shortly", status=503, code="no_ready_engine", headers=retry
+            ) from exc
+        except OverloadedError as exc:
+            self.metrics.requests_shed.labels(model.name).inc()
+            raise APIError(str(exc), status=503, code="overloaded", headers=retry) from exc
+        prompt_tokens = len(prepared.prompt_ids)
+        route.actor.reserve(prepared.request_id, prompt_tokens, route.expected_cached_tokens)
+        return RoutedRequest(prepared, route)
+
+    async def generate(self, routed: RoutedRequest) -> AsyncIterator[list[RequestOutput]]:
+        """Yields the routed request's deltas (as they arrive, in batches)."""
+        prepared = routed.prepared
+        try:
+            async for outputs in routed.actor.generate(
                 prepared.request_id, prepared.prompt_ids, prepared.params
             ):
                 yield outputs
         except ActorUnavailableError as exc:
             raise APIError(str(exc), status=503, code="engine_unavailable") from exc
+        finally:
+            routed.release()
+
+    def decisions(self, limit: int, model: str | None = None) -> list[dict[str, Any]]:
+        """The ``limit`` most recent routing decisions (of one model or all), newest first."""
+        models = [m for m in self.models.values() if model is None or m.name == model]
+        recent = [
+            {"model": m.name, **decision.to_dict()}
+            for m in models
+            for decision in m.routing.decisions.recent(limit)
+        ]
+        recent.sort(key=lambda item: item["decided_at"], reverse=True)
+        return recent[:limit]
 
 
 def tokenizer_from_files(files: dict[str, bytes]) -> Any:

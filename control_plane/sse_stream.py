@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
+from typing import Any
 
 from sse_starlette import ServerSentEvent
 from sse_starlette.sse import EventSourceResponse
@@ -28,10 +30,25 @@ class TokenEventResponse(EventSourceResponse):
     """An ``EventSourceResponse`` for a stream of ready-made events, one task per stream.
 
     A client disconnect cancels the body iterator (so its ``finally`` aborts the engine
-    request) and ends the response quietly.
+    request) and ends the response quietly. ``on_close`` runs when the response ends,
+    however it ends, even if the body iterator never started (it releases what the
+    request holds, such as its place in an actor's load).
     """
 
+    def __init__(
+        self, *args: Any, on_close: Callable[[], None] | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self._on_close = on_close
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self._respond(scope, receive, send)
+        finally:
+            if self._on_close is not None:
+                self._on_close()
+
+    async def _respond(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"].upper() == "HEAD":
             await super().__call__(scope, receive, send)
             return

@@ -14,7 +14,13 @@ from typing import Any
 
 from dynask.actors.engine_factory import EngineSpec
 from dynask.control_plane.cluster import DeploymentPlan
-from dynask.control_plane.repository import ActorId, Deployment, DeploymentSpec, Repository
+from dynask.control_plane.repository import (
+    ActorId,
+    ActorNotFoundError,
+    Deployment,
+    DeploymentSpec,
+    Repository,
+)
 
 log = logging.getLogger(__name__)
 
@@ -107,10 +113,13 @@ class ActorRecorder:
             instance = self.repo.add_actor(str(details["deployment"]), worker, "starting")
             self._ids[actor] = instance.id
         elif actor in self._ids:
-            self.repo.update_actor(
-                self._ids[actor],
-                status=status,
-                stream_address=details.get("stream_address"),
-                error=details.get("error"),
-            )
+            try:
+                self.repo.update_actor(
+                    self._ids[actor],
+                    status=status,
+                    stream_address=details.get("stream_address"),
+                    error=details.get("error"),
+                )
+            except ActorNotFoundError:  # its deployment was deleted: the row went with it
+                del self._ids[actor]
         self.repo.log_event("runtime", f"actor.{status}", actor, details)

@@ -8,6 +8,9 @@ Design decisions:
 - Event ids are per engine, start at 1 and increase by one, so a consumer that sees a gap
   knows it missed events and must resync from a full dump.
 - The engine thread records and another thread drains, so the log is guarded by a lock.
+- A consumer that pushes events (the actor's token stream) is woken by ``set_listener``
+  only when a record arrives at an *empty* log: one wake-up per batch it drains, not one
+  per event, and nothing to poll.
 - ``to_dict`` / ``event_from_dict`` give a plain dict (ints, lists, strings, None) that
   survives JSON and msgpack; the ``"type"`` key selects the event.
 """
@@ -15,7 +18,7 @@ Design decisions:
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,13 +139,27 @@ class KVEventLog:
         self._lock = threading.Lock()
         self._last_event_id = 0
         self._pending: list[KVEventRecord] = []
+        self._listener: Callable[[], None] | None = None
+
+    def set_listener(self, listener: Callable[[], None] | None) -> None:
+        """Call ``listener`` whenever a record arrives at an empty log (None: stop).
+
+        It runs on the recording thread, outside the lock, and should only schedule a
+        ``drain`` elsewhere: records that arrive before that drain wake no one again.
+        """
+        with self._lock:
+            self._listener = listener
 
     def record(self, event: KVEvent) -> int:
         """Append ``event`` and return its id."""
         with self._lock:
             self._last_event_id += 1
-            self._pending.append(KVEventRecord(self._last_event_id, event))
-            return self._last_event_id
+            event_id = self._last_event_id
+            wake = self._listener if not self._pending else None
+            self._pending.append(KVEventRecord(event_id, event))
+        if wake is not None:
+            wake()
+        return event_id
 
     def drain(self) -> list[KVEventRecord]:
         """Return the pending records, oldest first, and forget them."""

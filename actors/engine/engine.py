@@ -3,8 +3,8 @@
 One step reads as three calls — ``scheduler.schedule()`` → ``runner.run(chunks)`` →
 ``scheduler.postprocess(out, tokens)`` — followed by handing each request its delta.
 Other threads talk to the engine only through a thread-safe inbox (add, abort), so the
-scheduler, block pool and model are touched by the engine thread alone; ``export_kv`` and
-``import_kv`` take the step lock instead.
+scheduler, block pool and model are touched by the engine thread alone; ``export_kv``,
+``import_kv`` and ``kv_cache_dump`` take the step lock instead.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from dynask.actors.engine.sequence import (
 from dynask.actors.engine.stats import EngineStats
 from dynask.actors.engine.streams import OutputFanout, OutputListener, RequestStream
 from dynask.kv.hashing import hash_seed
+from dynask.kv.prefix_index import KVCacheDump
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +137,22 @@ class LLMEngine:
             prompt_tokens=self._counters["prompt_tokens"],
             generated_tokens=self._counters["generated_tokens"],
         )
+
+    @property
+    def kv_block_size(self) -> int:
+        """Tokens per KV block (the router hashes prompts in blocks of this size)."""
+        return self.parts.kv_manager.block_size
+
+    def kv_cache_dump(self) -> KVCacheDump:
+        """The whole prefix cache, as of the last KV event recorded (for a router resync).
+
+        Taken under the step lock: every change to the block pool happens under it, so
+        no event is recorded between reading the cache and reading the event id.
+        """
+        with self._step_lock:
+            return KVCacheDump.from_block_pool(
+                self.parts.kv_manager.pool, self.kv_events.last_event_id
+            )
 
     def export_kv(self, block_ids: list[int]) -> torch.Tensor:
         """KV of the given blocks (``[layers, 2, blocks, block_size, kv_heads, head_dim]``)."""

@@ -18,6 +18,7 @@ from dynask.actors.token_stream import (
     decode_output,
     encode_output,
     pack_request,
+    unpack_kv_dump,
     unpack_request,
 )
 from dynask.control_plane.actor_handle import ActorHandle
@@ -102,8 +103,9 @@ def test_leaving_a_stream_early_aborts_and_frees_blocks(smollm2_folder: Path) ->
             0.0,
             64,
         )
-        events = await handle.proxy.kv_events()
-        assert [e["event"]["type"] for e in events][:1] == ["stored"]
+        dump = unpack_kv_dump(await handle.proxy.kv_cache_dump())
+        assert len(dump.stored) == 40 // 16  # the prompt's full blocks stay cached
+        assert dump.last_event_id == len(dump.stored)
 
     _with_actor(spec, body)
 
@@ -160,3 +162,46 @@ def test_concurrent_submissions_share_actor_calls_and_a_bad_one_fails_alone(
         assert counting.batch_sizes == [1, 9]
 
     _with_actor(EngineSpec(kind="echo", model=str(smollm2_folder)), body)
+
+
+def test_kv_events_reach_the_reader_before_the_deltas_of_their_step() -> None:
+    from dynask.actors.token_stream import TokenStreamServer, read_frame
+    from dynask.kv.events import AllBlocksCleared, KVEventLog
+
+    async def main() -> None:
+        server = TokenStreamServer(asyncio.get_running_loop())
+        kv_log = KVEventLog()
+        server.watch_kv_events(kv_log)
+        host, port = (await server.start("127.0.0.1")).rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        while server.num_readers == 0:
+            await asyncio.sleep(0.001)
+
+        def engine_step() -> None:  # on another thread, as the engine's loop runs
+            kv_log.record(AllBlocksCleared())
+            kv_log.record(AllBlocksCleared())
+            server.publish([RequestOutput("r1", "hi", (7,))])
+
+        await asyncio.to_thread(engine_step)
+        frames = [await read_frame(reader), await read_frame(reader)]
+        assert [kind for kind, _ in frames] == ["kv", "out"]
+        assert [record["event_id"] for record in frames[0][1]] == [1, 2]
+        writer.close()
+        await writer.wait_closed()
+        while server.num_readers:  # the server saw us leave
+            await asyncio.sleep(0.001)
+        await server.close()
+
+    asyncio.run(main())
+
+
+def test_a_kv_cache_dump_survives_the_wire_and_garbage_is_refused() -> None:
+    from dynask.actors.token_stream import pack_kv_dump
+    from dynask.kv.events import BlockStored
+    from dynask.kv.hashing import SequenceHash
+    from dynask.kv.prefix_index import KVCacheDump
+
+    dump = KVCacheDump(3, (BlockStored((SequenceHash(2**64 - 1),), None, (1, 2), 2),))
+    assert unpack_kv_dump(pack_kv_dump(dump)) == dump
+    with pytest.raises(ValueError, match="a KV cache dump must be a msgpack map, got list"):
+        unpack_kv_dump(b"\x91\x01")

@@ -268,3 +268,25 @@ def test_prompt_outside_the_vocabulary_is_refused(tokenizer: Any) -> None:
     engine = mocker(tokenizer, vocab_size=100)
     with pytest.raises(ValueError, match=r"prompt token id 100 is outside the vocabulary"):
         engine.add_request([1, 100], PARAMS, "r")
+
+
+def test_a_cache_dump_rebuilds_what_the_events_built(tokenizer: Any) -> None:
+    from dynask.kv.hashing import block_hashes
+    from dynask.kv.prefix_index import PrefixIndex
+
+    engine = mocker(tokenizer, num_kv_blocks=12)  # small: later prompts evict earlier ones
+    prompts = [[base + i for i in range(18)] for base in (1000, 2000, 3000)]
+    prompts.append(prompts[0][:9] + [5000 + i for i in range(9)])  # shares 2 blocks
+    run_all(engine, prompts, PARAMS)
+    from_events, from_dump = PrefixIndex(), PrefixIndex()
+    for record in engine.kv_events.drain():
+        from_events.apply("a", record)
+
+    from_dump.resync("a", engine.kv_cache_dump())
+
+    assert engine.kv_block_size == 4
+    assert from_dump.expected_event_id("a") == from_events.expected_event_id("a")
+    assert from_dump.num_blocks("a") == from_events.num_blocks("a") == 12
+    for prompt in prompts:
+        hashes = [pair.local for pair in block_hashes(prompt, 4)]
+        assert from_dump.find_matches(hashes) == from_events.find_matches(hashes)

@@ -130,3 +130,18 @@ def test_text_chat_in_a_pseudo_terminal(smollm2_folder: Path) -> None:
         os.close(controller)
 
     assert b"model> The capital of France is Paris" in reply
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--router-mode", "sticky"], "argument --router-mode: invalid choice: 'sticky'"),
+        (["--kv-overlap-weight", "-1"], "argument --kv-overlap-weight: has value '-1'; expected"),
+        (["--max-queue", "0"], "argument --max-queue: has value '0'; expected an integer >= 1"),
+    ],
+)
+def test_bad_routing_flags_name_the_flag(flags: list[str], message: str, capsys) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(["serve", "--scheduler", "tcp://127.0.0.1:1", *flags])
+    assert caught.value.code == 2
+    assert message in capsys.readouterr().err

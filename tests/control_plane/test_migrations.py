@@ -13,7 +13,14 @@ from dynask.control_plane import database
 from dynask.control_plane.database import current_revision, downgrade, make_engine, upgrade
 from dynask.control_plane.db_models import Base
 
-TABLES = {"alembic_version", "actor_instances", "deployments", "events", "workers"}
+TABLES = {
+    "alembic_version",
+    "actor_instances",
+    "admin_users",
+    "deployments",
+    "events",
+    "workers",
+}
 
 
 def _tables(engine: Engine) -> set[str]:
@@ -34,12 +41,12 @@ def test_a_new_database_has_no_revision(db_engine: Engine) -> None:
 def test_upgrade_creates_exactly_the_tables(db_engine: Engine) -> None:
     upgrade(db_engine)
     assert _tables(db_engine) == TABLES
-    assert current_revision(db_engine) == "0002"
+    assert current_revision(db_engine) == "0003"
 
 
 def test_upgrade_by_url_opens_its_own_engine(db_url: str, db_engine: Engine) -> None:
     upgrade(db_url)
-    assert current_revision(db_url) == "0002"
+    assert current_revision(db_url) == "0003"
     assert _tables(db_engine) == TABLES
 
 
@@ -47,7 +54,7 @@ def test_upgrade_is_idempotent(db_engine: Engine) -> None:
     upgrade(db_engine)
     upgrade(db_engine)
     assert _tables(db_engine) == TABLES
-    assert current_revision(db_engine) == "0002"
+    assert current_revision(db_engine) == "0003"
 
 
 def test_downgrade_to_base_removes_the_tables(db_engine: Engine) -> None:

@@ -132,3 +132,19 @@ def test_log_ids_are_unique_and_gapless_across_threads():
         thread.join()
     drained.extend(log.drain())
     assert [record.event_id for record in drained] == list(range(1, 4001))
+
+
+def test_the_listener_wakes_once_per_batch_that_reaches_an_empty_log():
+    log = KVEventLog()
+    wakes: list[int] = []
+    log.set_listener(lambda: wakes.append(log.last_event_id))
+    log.record(AllBlocksCleared())
+    log.record(AllBlocksCleared())  # the log still holds event 1: no new wake-up
+    assert wakes == [1]
+    assert [r.event_id for r in log.drain()] == [1, 2]
+    log.record(AllBlocksCleared())
+    assert wakes == [1, 3]
+    log.set_listener(None)
+    log.drain()
+    log.record(AllBlocksCleared())
+    assert wakes == [1, 3]

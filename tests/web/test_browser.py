@@ -1,0 +1,169 @@
+"""The admin UI in a real browser (Debian's Chromium, driven by Playwright) against a
+real ``dynask run`` (echo engine, one worker). Screenshots of every page are saved in
+each test's tmp folder (``pytest --basetemp=DIR`` keeps them somewhere known)."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from tests.control_plane import server_process as sp
+
+CHROMIUM = "/usr/bin/chromium"
+PASSWORD = "browser-test-password"
+TIMEOUT_MS = 60_000
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason=f"{CHROMIUM} is not installed"),
+]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    folder = tmp_path_factory.mktemp("admin-server")
+    log = folder / "dynask-run.log"
+    port = sp.free_port()
+    args = ["run", "--out", "echo", "--model-name", "chat", "--workers", "1"]
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("DYNASK_ADMIN_PASSWORD", PASSWORD)
+        proc = sp.start(
+            [
+                str(sp.BIN / "dynask"),
+                *args,
+                "--port",
+                str(port),
+                "--database-url",
+                f"sqlite:///{folder / 'state.db'}",
+            ],
+            log,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        sp.wait_healthy(base, proc, log)
+        yield base
+    finally:
+        sp.stop(proc)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    expect.set_options(timeout=TIMEOUT_MS)
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
+        )
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser: Browser, server: str) -> Iterator[Page]:
+    """A fresh browser context, logged in through the form."""
+    context = browser.new_context(viewport={"width": 1400, "height": 900}, base_url=server)
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto("/admin/")
+    expect(page).to_have_url(f"{server}/admin/login?next=/admin/")
+    page.fill("input[name=username]", "admin")
+    page.fill("input[name=password]", PASSWORD)
+    page.click("button[type=submit]")
+    expect(page).to_have_url(f"{server}/admin/")
+    yield page
+    context.close()
+
+
+def _shot(page: Page, folder: Path, name: str) -> None:
+    page.screenshot(path=str(folder / f"{name}.png"), full_page=True)
+
+
+def test_a_wrong_password_is_refused(browser: Browser, server: str, tmp_path: Path) -> None:
+    context = browser.new_context(base_url=server)
+    page = context.new_page()
+    page.goto("/admin/login")
+    page.fill("input[name=username]", "admin")
+    page.fill("input[name=password]", "not-the-password")
+    page.click("button[type=submit]")
+    expect(page.locator(".flash.error")).to_have_text("Wrong user name or password.")
+    _shot(page, tmp_path, "login-failed")
+    context.close()
+
+
+def test_the_overview_shows_the_worker_and_actor_live(page: Page, tmp_path: Path) -> None:
+    expect(page.locator("#actors")).to_contain_text("default-0")
+    expect(page.locator("#actors .badge")).to_have_text("ready")
+    expect(page.locator("#workers")).to_contain_text("tcp://127.0.0.1:")
+    _shot(page, tmp_path, "overview")
+
+
+def test_a_new_deployment_gets_a_new_worker_and_becomes_ready(page: Page, tmp_path: Path) -> None:
+    page.goto("/admin/workers")
+    page.click("text=Start a local worker")
+    expect(page.locator(".flash.ok")).to_contain_text("Starting a local worker")
+    page.goto("/admin/deployments")
+    page.fill("input[name=name]", "Mock")
+    page.click("text=Create deployment")
+    expect(page.locator("#error-name")).to_contain_text("'Mock' is not a valid name")
+    _shot(page, tmp_path, "deployments-invalid")
+    page.fill("input[name=name]", "mock")
+    page.select_option("select[name=engine]", "mocker")
+    page.fill("textarea[name=engine_args]", '{"speedup_ratio": 0}')
+    page.click("text=Create deployment")
+    expect(page.locator(".flash.ok")).to_have_text(
+        "Deployment 'mock' created; its actors are starting."
+    )
+    row = page.locator("tr[data-deployment=mock]")
+    expect(row.locator(".badge")).to_have_text("ready")  # the table refreshes by itself
+    _shot(page, tmp_path, "deployments")
+    page.goto("/admin/")
+    expect(page.locator("#actors")).to_contain_text("mock-0")
+    page.goto("/admin/workers")
+    _shot(page, tmp_path, "workers")
+    page.goto("/admin/events")
+    expect(page.locator("tbody")).to_contain_text("deployment.created")
+    _shot(page, tmp_path, "events")
+    _retire_the_worker_of(page, "mock-0")
+    page.goto("/admin/deployments")
+    expect(row.locator(".badge")).to_have_text("waiting")  # no free worker is left
+    expect(row.locator(".status-detail")).to_have_text("0/1 ready; waiting for a free worker")
+
+
+def _retire_the_worker_of(page: Page, actor: str) -> None:
+    page.goto("/admin/workers")
+    page.once("dialog", lambda dialog: dialog.accept())  # the "Retire worker …?" question
+    worker = page.locator("tbody tr", has_text=actor)
+    worker.get_by_role("button", name="Retire").click()
+    expect(page.locator(".flash.ok")).to_contain_text("retired")
+
+
+def test_a_chat_reply_streams_in(page: Page, tmp_path: Path) -> None:
+    page.goto("/admin/chat")
+    page.select_option("#chat-model", "chat")
+    page.fill("#chat-message", "hello from the browser")
+    page.keyboard.press("Enter")
+    expect(page.locator("#chat-status")).to_contain_text("done: ")
+    reply = page.locator(".bubble.assistant .text")
+    expect(reply).to_contain_text("hello from the browser")  # the echo engine repeats it
+    chunks = int(page.locator("#chat-status").inner_text().split("done: ")[1].split()[0])
+    assert chunks > 5  # token by token, not one block
+    _shot(page, tmp_path, "chat")
+
+
+def test_a_request_shows_up_in_the_metrics(page: Page, server: str, tmp_path: Path) -> None:
+    page.goto("/admin/metrics")
+    expect(page.locator("#metrics-status")).to_contain_text("updated")
+    before = float(page.locator("#stat-requests_total").inner_text())
+    body = {"model": "chat", "messages": [{"role": "user", "content": "count me"}], "stream": True}
+    httpx.post(f"{server}/v1/chat/completions", json=body, timeout=30).raise_for_status()
+    expect(page.locator("#stat-requests_total")).to_have_text(f"{before + 1:.0f}")
+    expect(page.locator("#stat-ttft")).not_to_have_text("– / –")
+    page.wait_for_timeout(3000)  # a few more points on the charts for the screenshot
+    _shot(page, tmp_path, "metrics")
+    page.goto("/admin/routing")
+    expect(page.locator("section.card")).to_contain_text("chat")
+    _shot(page, tmp_path, "routing")

@@ -1,0 +1,61 @@
+"""The CLI's hook: the admin account on first start, and the routes at /admin."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from starlette.routing import Mount
+
+from dynask.control_plane.admin_users import AdminUsers
+from dynask.control_plane.cluster import ClusterRuntime
+from dynask.control_plane.database import make_engine, upgrade
+from dynask.control_plane.http_server import ServerOptions
+from dynask.control_plane.metrics import ServingMetrics
+from dynask.control_plane.repository import Repository
+from dynask.control_plane.service import ServingService
+from dynask.web.mount import admin_extension
+
+
+def _control_plane(tmp_path: Path) -> SimpleNamespace:
+    """What ``admin_extension`` reads of a ``ControlPlane``."""
+    engine = make_engine(f"sqlite:///{tmp_path / 'cp.db'}")
+    upgrade(engine)
+    service = ServingService(ServingMetrics())
+    return SimpleNamespace(
+        repo=Repository(engine),
+        service=service,
+        runtime=ClusterRuntime(service, []),
+        options=ServerOptions(port=8123),
+    )
+
+
+def test_a_generated_password_is_printed_on_the_first_start_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DYNASK_ADMIN_PASSWORD", raising=False)
+    control_plane = _control_plane(tmp_path)
+    first, second = io.StringIO(), io.StringIO()
+    routes = admin_extension(control_plane, console=first)  # type: ignore[arg-type]
+    admin_extension(control_plane, console=second)  # type: ignore[arg-type]
+    lines = first.getvalue().splitlines()
+    assert lines[0].startswith("dynask: created the admin UI account 'admin' with the password ")
+    password = lines[0].rsplit(" ", 1)[1]
+    assert AdminUsers(control_plane.repo.engine).authenticate("admin", password) is not None
+    assert second.getvalue() == "dynask: admin UI on http://127.0.0.1:8123/admin/\n"
+    assert [getattr(r, "path", None) for r in routes] == ["/", "/admin", "/admin"]
+    assert isinstance(routes[2], Mount)
+
+
+def test_the_password_comes_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DYNASK_ADMIN_PASSWORD", "from-the-environment")
+    control_plane = _control_plane(tmp_path)
+    console = io.StringIO()
+    admin_extension(control_plane, console=console)  # type: ignore[arg-type]
+    assert "password" not in console.getvalue()
+    users = AdminUsers(control_plane.repo.engine)
+    assert users.authenticate("admin", "from-the-environment") is not None

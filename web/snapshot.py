@@ -1,0 +1,89 @@
+"""The overview's data: the scheduler, its workers and the engine actors, as plain rows.
+
+The overview page and its SSE feed both render from ``take_snapshot``, so a page load
+and a live update show the same thing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from dynask.control_plane.cluster_admin import ClusterAdmin, ClusterView
+from dynask.control_plane.repository import Repository
+from dynask.control_plane.service import ServingService
+
+
+@dataclass(frozen=True)
+class ActorRow:
+    """One engine actor as the overview shows it."""
+
+    name: str
+    deployment: str
+    role: str
+    model: str
+    worker: str
+    running: int
+    waiting: int
+    in_flight: int
+    kv_usage: float | None
+    prefix_hit_rate: float | None
+    health: str  # ready | broken
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    cluster: ClusterView
+    actors: list[ActorRow]
+
+    def context(self) -> dict[str, Any]:
+        workers = self.cluster.workers
+        return {
+            "cluster": self.cluster,
+            "workers": workers,
+            "actors": self.actors,
+            "summary": {
+                "workers": len(workers),
+                "gpus": sum(len(w.gpus) for w in workers),
+                "threads": sum(w.nthreads for w in workers),
+                "actors_ready": sum(1 for a in self.actors if a.health == "ready"),
+                "actors": len(self.actors),
+                "running": sum(a.running for a in self.actors),
+                "waiting": sum(a.waiting for a in self.actors),
+            },
+        }
+
+
+async def take_snapshot(
+    cluster: ClusterAdmin, service: ServingService, repo: Repository
+) -> Snapshot:
+    view = await cluster.view()
+    roles = {d.name: d.role for d in await asyncio.to_thread(repo.list_deployments)}
+    return Snapshot(view, actor_rows(service, roles))
+
+
+def actor_rows(service: ServingService, roles: dict[str, str]) -> list[ActorRow]:
+    rows = []
+    for model in service.models.values():
+        for handle in model.actors:
+            stats = handle.stats
+            has_kv = bool(stats.get("num_kv_blocks"))
+            rows.append(
+                ActorRow(
+                    name=handle.name,
+                    deployment=handle.deployment,
+                    role=roles.get(handle.deployment, "aggregated"),
+                    model=model.name,
+                    worker=handle.worker,
+                    running=int(stats.get("num_running", 0)),
+                    waiting=int(stats.get("num_waiting", 0)),
+                    in_flight=handle.in_flight,
+                    kv_usage=float(stats.get("kv_usage", 0.0)) if has_kv else None,
+                    prefix_hit_rate=float(stats["prefix_hit_rate"])
+                    if has_kv and "prefix_hit_rate" in stats
+                    else None,
+                    health="broken" if handle.broken else "ready",
+                )
+            )
+    return sorted(rows, key=lambda row: row.name)

@@ -115,7 +115,7 @@ def paged_attention(
     ``store_kv=False``: the caller already wrote k and v into the cache (fused RoPE).
     """
     if store_kv:
-        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        write_kv(k_cache, v_cache, k.to(k_cache.dtype), v.to(v_cache.dtype), meta.slot_mapping)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if meta.paged_decode is not None:
         paged = meta.paged_decode
@@ -135,6 +135,8 @@ def paged_attention(
         triton_attention.paged_prefill(
             q, k_cache, v_cache, out, chunks.block_tables, chunks.tiles, scale
         )
+    if k_cache.dtype != q.dtype:  # a float32 cache under bf16 weights, on a CPU
+        q, k, v = q.to(k_cache.dtype), k.to(k_cache.dtype), v.to(k_cache.dtype)
     if meta.decode is not None:
         rows = meta.decode
         out[: rows.num_rows] = _decode_attention(q[: rows.num_rows], k_cache, v_cache, rows, scale)

@@ -265,6 +265,7 @@ def _serve_argv(venv_bin: Path, scheduler: str, workdir: Path, port: int) -> lis
         str(port),
         "--database-url",
         f"sqlite:///{workdir / 'state.db'}",
+        "--no-require-api-key",  # the load clients send no key (Dynamo's frontend needs none)
     ]
 
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
@@ -27,8 +28,10 @@ def build_app(
     service: ServingService,
     lifespan: Lifespan | None = None,
     extra_routes: list[BaseRoute] | None = None,
+    middleware: Sequence[Middleware] = (),
 ) -> Starlette:
-    """The control plane's HTTP app over ``service``; ``lifespan`` starts the cluster side."""
+    """The control plane's HTTP app over ``service``; ``lifespan`` starts the cluster side;
+    ``middleware`` wraps every route (the API-key guard is one)."""
     routes: list[BaseRoute] = [
         *make_openai_routes(service),
         *make_routing_routes(service),
@@ -38,6 +41,7 @@ def build_app(
     return Starlette(
         routes=routes,
         lifespan=lifespan or _no_lifespan,
+        middleware=list(middleware),
         exception_handlers={
             APIError: _api_error,
             HTTPException: _http_error,

@@ -2,9 +2,10 @@
 
 ``dynask run [MODEL] [in=http|text|batch:FILE.jsonl] [out=torch|echo|mocker|python:FILE.py]``
 runs everything embedded; ``dynask serve --scheduler tcp://HOST:8786 [-f deploy.yaml]``
-is the control plane of an existing Dask cluster; ``dynask db upgrade`` migrates the
-database. NVIDIA Dynamo's ``in=``/``out=`` syntax and plain flags both work. A wrong
-argument gets a message that says what was wrong and the right form.
+is the control plane of an existing Dask cluster; ``dynask keys create NAME`` makes an
+API key; ``dynask db upgrade`` migrates the database. NVIDIA Dynamo's ``in=``/``out=``
+syntax and plain flags both work. A wrong argument gets a message that says what was
+wrong and the right form.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from dynask.control_plane.cli_commands import ENGINE_FORMS, IN_MODES, run_command, serve_command
+from dynask.control_plane.cli_keys import add_keys_parser, keys_command
 from dynask.control_plane.kv_router import KV_MODE, ROUTING_MODES
 
 
@@ -27,14 +29,22 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_run(commands.add_parser("run", help="run a model with everything embedded"))
     _add_serve(commands.add_parser("serve", help="the control plane of an existing Dask cluster"))
+    add_keys_parser(commands)
     db = commands.add_parser("db", help="database maintenance")
     db.add_argument("action", choices=["upgrade", "current"], help="upgrade to the newest schema")
     db.add_argument("--database-url", default=None, help="default: $DYNASK_DATABASE_URL or SQLite")
     return parser
 
 
-def _add_common(cmd: argparse.ArgumentParser) -> None:
+def _add_common(cmd: argparse.ArgumentParser, require_api_key: bool) -> None:
     cmd.add_argument("--host", default="127.0.0.1")
+    cmd.add_argument(
+        "--require-api-key",
+        action=argparse.BooleanOptionalAction,
+        default=require_api_key,
+        help="/v1 needs 'Authorization: Bearer KEY' (see `dynask keys`; default: "
+        + ("on)" if require_api_key else "off)"),
+    )
     cmd.add_argument("--port", type=int, default=8000)
     cmd.add_argument("--database-url", default=None, help="default: $DYNASK_DATABASE_URL or SQLite")
     cmd.add_argument("--log-level", default="WARNING")
@@ -118,13 +128,13 @@ def _add_run(run: argparse.ArgumentParser) -> None:
     run.add_argument("--max-num-seqs", type=int, default=None)
     run.add_argument("--max-tokens", type=int, default=512, help="per reply (in=text/batch)")
     run.add_argument("--temperature", type=float, default=0.7, help="in=text/batch")
-    _add_common(run)
+    _add_common(run, require_api_key=False)
 
 
 def _add_serve(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--scheduler", required=True, help="tcp://HOST:8786")
     serve.add_argument("-f", "--file", dest="deploy_file", default=None, help="deploy.yaml")
-    _add_common(serve)
+    _add_common(serve, require_api_key=True)
 
 
 def normalize_dynamo_args(argv: Sequence[str]) -> list[str]:
@@ -152,6 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             command = run_command if args.command == "run" else serve_command
             return command(args, extensions=[admin_extension])
+        if args.command == "keys":
+            return keys_command(args)
         return _db_command(args)
     except (ValueError, FileNotFoundError, KeyError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc

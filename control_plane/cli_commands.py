@@ -123,5 +123,6 @@ def _serve_http(
         scheduler_address=scheduler,
         n_workers=n_workers,
         database_url=args.database_url,
+        require_api_key=args.require_api_key,
     )
     return ControlPlane(deployments, options, extensions).serve()

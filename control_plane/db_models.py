@@ -1,5 +1,5 @@
 """SQLAlchemy models of the control plane's state: deployments, workers, actors, events,
-admin users.
+admin users, API keys.
 
 Design decisions:
 - The schema is created only by the Alembic migrations in ``migrations/``; these models
@@ -164,3 +164,17 @@ class AdminUserRow(Base):
     password_hash: Mapped[str] = mapped_column(String(255))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_login_at: Mapped[datetime | None]
+
+
+class ApiKeyRow(Base):
+    """A key of the OpenAI API: only its SHA-256 is stored, and a prefix to recognise it."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64))
+    prefix: Mapped[str] = mapped_column(String(16), index=True)
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_used_at: Mapped[datetime | None]
+    revoked_at: Mapped[datetime | None]

@@ -16,10 +16,13 @@ from dataclasses import dataclass, field
 
 import uvicorn
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from dynask.control_plane.api_key_guard import ApiKeyGuard, RequireApiKey
+from dynask.control_plane.api_keys import ApiKeys
 from dynask.control_plane.app import build_app
 from dynask.control_plane.cluster import ClusterRuntime, DeploymentPlan
 from dynask.control_plane.database import default_database_url, make_engine, upgrade
@@ -43,6 +46,7 @@ class ServerOptions:
     n_workers: int = 1
     database_url: str | None = None  # None: $DYNASK_DATABASE_URL or the SQLite default
     who: str = "cli"  # recorded in the event log
+    require_api_key: bool = False  # /v1 needs ``Authorization: Bearer KEY``
 
 
 Extension = Callable[["ControlPlane"], list[BaseRoute]]
@@ -64,6 +68,8 @@ class ControlPlane:
         self.repo = Repository(make_engine(options.database_url or default_database_url()))
         self.recorder = ActorRecorder(self.repo)
         self.deployments = self._desired_state(deployments)
+        self.api_keys = ApiKeys(self.repo.engine)
+        self.key_guard = ApiKeyGuard(self.api_keys)
         self.runtime = ClusterRuntime(
             self.service,
             self.deployments,
@@ -74,7 +80,10 @@ class ControlPlane:
         self.startup_error: BaseException | None = None
         self.server: uvicorn.Server | None = None
         extra = [route for extend in extensions for route in extend(self)]
-        self.app = build_app(self.service, self._lifespan, [*self._extra_routes(), *extra])
+        guard = [Middleware(RequireApiKey, guard=self.key_guard)] if options.require_api_key else []
+        self.app = build_app(
+            self.service, self._lifespan, [*self._extra_routes(), *extra], middleware=guard
+        )
 
     def _desired_state(self, deployments: list[DeploymentPlan]) -> list[DeploymentPlan]:
         """Migrates the database, stores ``deployments``, or restores them when empty."""
@@ -135,14 +144,31 @@ class ControlPlane:
 
     def _announce_ready(self) -> None:
         base = f"http://{self.options.host}:{self.options.port}"
+        auth = '-H "authorization: Bearer $DYNASK_API_KEY" ' if self.options.require_api_key else ""
         for name, model in self.service.models.items():
             print(
                 f"dynask: model '{name}' ready on {len(model.actors)} engine(s); try:\n"
-                f"  curl {base}/v1/chat/completions -H 'content-type: application/json' "
+                f"  curl {base}/v1/chat/completions {auth}-H 'content-type: application/json' "
                 f'-d \'{{"model": "{name}", "messages": [{{"role": "user", '
                 f'"content": "Hello!"}}]}}\'',
                 file=sys.stderr,
             )
+
+    def announce_keys(self) -> None:
+        """Says whether /v1 needs a key, and how to make the first one."""
+        if not self.options.require_api_key:
+            return
+        if self.api_keys.active_hashes():
+            print("dynask: /v1 requires an API key (Authorization: Bearer KEY)", file=sys.stderr)
+            return
+        url = self.options.database_url or default_database_url()
+        print(
+            "dynask: /v1 requires an API key and none exists yet; create one with\n"
+            f"  dynask keys create NAME --database-url '{url}'\n"
+            "  (or on the admin UI's API keys page; start with --no-require-api-key to serve "
+            "without keys)",
+            file=sys.stderr,
+        )
 
     async def _refresh_stats_forever(self) -> None:
         while True:
@@ -163,6 +189,7 @@ class ControlPlane:
             timeout_keep_alive=75,  # fewer requests lost to a race with keep-alive closes
         )
         self.server = uvicorn.Server(config)
+        self.announce_keys()
         print(
             f"dynask: serving on http://{self.options.host}:{self.options.port} "
             "(OpenAI API under /v1; engines are loading)",

@@ -68,6 +68,13 @@ async def read_json(request: Request) -> Any:
         raise APIError(
             f"the request body is not valid JSON: {exc}", param="body", code="invalid_json"
         ) from exc
+    except RecursionError as exc:  # the parser recurses once per nested array or object
+        raise APIError(
+            "the request body is not valid JSON for dynask: its arrays or objects are nested "
+            "too deeply",
+            param="body",
+            code="invalid_json",
+        ) from exc
 
 
 async def _serve(

@@ -16,6 +16,8 @@ from dynask.control_plane.errors import invalid
 from dynask.control_plane.kv_router import ROUTING_MODES
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+# Integers cross to the actor as msgpack and seed a torch.Generator: both stop at 64 bits.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _UNSUPPORTED_NONZERO = ("presence_penalty", "frequency_penalty")
 _UNSUPPORTED_TRUTHY = ("logprobs", "top_logprobs", "tools", "functions", "suffix", "echo")
 
@@ -173,16 +175,12 @@ def _sampling(body: dict[str, Any]) -> dict[str, Any]:
         if top_p == 0.0:
             raise invalid("top_p", "'top_p' has value 0; expected a number in (0, 1]")
         sampling["top_p"] = top_p
-    top_k = body.get("top_k")
+    top_k = _integer(body, "top_k", -1, INT64_MAX)
     if top_k is not None:
-        if not _is_int(top_k) or top_k < -1:
-            raise invalid("top_k", f"'top_k' has value {top_k!r}; expected an integer >= -1")
-        sampling["top_k"] = max(0, int(top_k))
-    seed = body.get("seed")
+        sampling["top_k"] = max(0, top_k)
+    seed = _integer(body, "seed", INT64_MIN, INT64_MAX)
     if seed is not None:
-        if not _is_int(seed):
-            raise invalid("seed", f"'seed' has value {seed!r}; expected an integer")
-        sampling["seed"] = int(seed)
+        sampling["seed"] = seed
     sampling["stop"] = _stop(body.get("stop"))
     sampling["ignore_eos"] = _bool(body, "ignore_eos", False)
     return sampling
@@ -200,6 +198,15 @@ def _stop(value: Any) -> tuple[str, ...]:
     ):
         raise invalid("stop", "'stop' must be a non-empty string or an array of up to 4 of them")
     return tuple(value)
+
+
+def _integer(body: dict[str, Any], name: str, low: int, high: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not _is_int(value) or not low <= value <= high:
+        raise invalid(name, f"'{name}' has value {value!r}; expected an integer in [{low}, {high}]")
+    return int(value)
 
 
 def _number(body: dict[str, Any], name: str, low: float, high: float) -> float | None:
@@ -223,4 +230,7 @@ def _bool(body: dict[str, Any], name: str, default: bool) -> bool:
 
 
 def _is_int(value: Any) -> bool:
+    """An integer as JSON Schema has it: ``5`` and ``5.0`` are both integers."""
+    if isinstance(value, float):
+        return value.is_integer()
     return isinstance(value, int) and not isinstance(value, bool)

@@ -17,6 +17,7 @@ from dynask.web.feeds import FEED_INTERVAL_S, make_feed_routes
 from dynask.web.templating import BASE, TEMPLATES
 from dynask.web.views_actions import make_action_routes
 from dynask.web.views_auth import make_auth_routes
+from dynask.web.views_keys import make_key_routes
 from dynask.web.views_pages import make_page_routes
 
 STATIC = TEMPLATES.parent / "static"
@@ -31,6 +32,7 @@ def make_admin_app(
         *make_auth_routes(deps),
         *make_page_routes(deps),
         *make_action_routes(deps),
+        *make_key_routes(deps),
         *make_feed_routes(deps, feed_interval_s),
         Mount("/static", app=StaticFiles(directory=STATIC), name="static"),
     ]

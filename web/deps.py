@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dynask.control_plane.admin_users import AdminUsers
+from dynask.control_plane.api_key_guard import ApiKeyGuard
+from dynask.control_plane.api_keys import ApiKeys
 from dynask.control_plane.cluster_admin import ClusterAdmin
 from dynask.control_plane.deployment_admin import DeploymentAdmin
 from dynask.control_plane.repository import Repository
@@ -20,3 +22,6 @@ class AdminDeps:
     service: ServingService
     cluster: ClusterAdmin
     deployments: DeploymentAdmin
+    api_keys: ApiKeys
+    key_guard: ApiKeyGuard  # mints the chat page's short-lived key
+    keys_required: bool  # does /v1 need a key (shown on the API keys page)

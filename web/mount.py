@@ -48,6 +48,9 @@ def admin_extension(control_plane: ControlPlane, console: TextIO = sys.stderr) -
         service=control_plane.service,
         cluster=ClusterAdmin(control_plane.runtime),
         deployments=DeploymentAdmin(control_plane.repo, control_plane.runtime),
+        api_keys=control_plane.api_keys,
+        key_guard=control_plane.key_guard,
+        keys_required=control_plane.options.require_api_key,
     )
     options = control_plane.options
     print(f"dynask: admin UI on http://{options.host}:{options.port}{BASE}/", file=console)

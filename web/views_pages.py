@@ -49,7 +49,9 @@ def make_page_routes(deps: AdminDeps) -> list[Route]:
 
     async def chat(request: Request) -> Response:
         models = sorted(name for name, m in deps.service.models.items() if m.actors)
-        return render.page(request, "chat.html", {"page": "chat", "models": models})
+        # /v1 may need a key: the page's script sends a short-lived one (api_key_guard).
+        context = {"page": "chat", "models": models, "api_key": deps.key_guard.mint_session_key()}
+        return render.page(request, "chat.html", context)
 
     async def routing(request: Request) -> Response:
         return render.page(request, "routing.html", {"page": "routing", **routing_context(deps)})

@@ -55,10 +55,13 @@ def stop(proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
             proc.wait(timeout=10)
 
 
-def wait_for_engines(base_url: str, count: int, timeout: float = 120) -> list[dict[str, object]]:
+def wait_for_engines(
+    base_url: str, count: int, timeout: float = 120, api_key: str | None = None
+) -> list[dict[str, object]]:
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        engines = httpx.get(f"{base_url}/v1/engines", timeout=10).json()
+        engines = httpx.get(f"{base_url}/v1/engines", headers=headers, timeout=10).json()
         if len(engines) >= count:
             return list(engines)
         time.sleep(0.5)

@@ -261,3 +261,71 @@ def test_stop_string_ends_the_reply_before_it(client: openai.OpenAI) -> None:
 
     assert stopped.text == full[: full.index(stop)]
     assert stopped.finish_reason == "stop"
+
+
+# ---- inputs found by schemathesis (test_fuzz_openapi.py): 4xx, never a 5xx -------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        (
+            "seed",
+            2**70,
+            "'seed' has value 1180591620717411303424; expected an integer in "
+            "[-9223372036854775808, 9223372036854775807]",
+        ),
+        (
+            "seed",
+            -(2**63) - 1,
+            "'seed' has value -9223372036854775809; expected an integer in "
+            "[-9223372036854775808, 9223372036854775807]",
+        ),
+        (
+            "top_k",
+            2**70,
+            "'top_k' has value 1180591620717411303424; expected an integer in "
+            "[-1, 9223372036854775807]",
+        ),
+        ("max_tokens", 2**70, "max_tokens is 1180591620717411303424; ask for at most 511 tokens"),
+    ],
+)
+def test_out_of_range_integers_are_400(
+    tiny_server: str, field: str, value: int, message: str
+) -> None:
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 2, field: value}
+
+    response = httpx.post(f"{tiny_server}/v1/completions", json=body, timeout=30)
+
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == field and error["code"] == "invalid_value"
+    assert message in error["message"]
+
+
+def test_deeply_nested_json_is_400(tiny_server: str) -> None:
+    response = _post(tiny_server, "/v1/completions", "[" * 100_000 + "]" * 100_000)
+
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["param"], error["code"]) == ("body", "invalid_json")
+    assert "nested too deeply" in error["message"]
+
+
+def test_integral_floats_are_integers(tiny_server: str) -> None:
+    # JSON Schema (and so /openapi.json) counts 3.0 as an integer; schemathesis sent such
+    # values for top_k and seed and got a 400.
+    body = {
+        "model": MODEL,
+        "prompt": [1.0, 2.0],
+        "max_tokens": 3.0,
+        "top_k": 5.0,
+        "seed": 7.0,
+        "ignore_eos": True,
+    }
+
+    response = httpx.post(f"{tiny_server}/v1/completions", json=body, timeout=30)
+
+    assert response.status_code == 200, response.text
+    usage = response.json()["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (2, 3)

@@ -1,5 +1,8 @@
 """``dynask serve`` against a real cluster: ``dask scheduler`` + two ``dask worker`` processes.
 
+``serve`` requires an API key by default: the test makes one with ``dynask keys create``
+against the same database first, and the ``openai`` client sends it.
+
 Also: a restarted control plane without a deploy file restores its deployments from the
 database, and ``dynask db upgrade`` migrates a fresh database.
 """
@@ -86,6 +89,17 @@ def _serve(
     return proc, base
 
 
+def _create_key(db: str) -> str:
+    done = subprocess.run(
+        [str(sp.BIN / "dynask"), "keys", "create", "serve-test", "--database-url", db],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
 def test_serve_on_a_real_cluster_then_restore_from_the_database(
     dask_cluster: str, tiny_llama_folder: Path, tmp_path: Path
 ) -> None:
@@ -98,12 +112,14 @@ def test_serve_on_a_real_cluster_then_restore_from_the_database(
         "    engine_args: {kv_cache_gib: 0.05}\n"
     )
     db = f"sqlite:///{tmp_path / 'state.db'}"
+    key = _create_key(db)
 
     proc, base = _serve(dask_cluster, tmp_path, db, "-f", str(deploy))
     try:
-        engines = sp.wait_for_engines(base, 2)
+        assert httpx.get(f"{base}/v1/models").status_code == 401  # keys are on by default
+        engines = sp.wait_for_engines(base, 2, api_key=key)
         assert len({e["worker"] for e in engines}) == 2  # one actor per worker
-        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0)
         reply = client.chat.completions.create(
             model="tiny",
             messages=[{"role": "user", "content": "hi"}],
@@ -116,8 +132,10 @@ def test_serve_on_a_real_cluster_then_restore_from_the_database(
 
     restarted, base = _serve(dask_cluster, tmp_path, db)  # no -f: from the database
     try:
-        sp.wait_for_engines(base, 2)
-        assert [m["id"] for m in httpx.get(f"{base}/v1/models").json()["data"]] == ["tiny"]
+        sp.wait_for_engines(base, 2, api_key=key)
+        auth = {"authorization": f"Bearer {key}"}
+        models = httpx.get(f"{base}/v1/models", headers=auth).json()["data"]
+        assert [m["id"] for m in models] == ["tiny"]
     finally:
         sp.stop(restarted)
 
@@ -131,7 +149,7 @@ def test_db_upgrade_command(tmp_path: Path) -> None:
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == f"{db}: schema revision 0003"
+    assert done.stdout.strip() == f"{db}: schema revision 0004"
 
 
 def test_serve_without_deployments_says_what_to_do(tmp_path: Path) -> None:

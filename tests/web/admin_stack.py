@@ -9,6 +9,8 @@ from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from dynask.control_plane.admin_users import AdminUsers
+from dynask.control_plane.api_key_guard import ApiKeyGuard
+from dynask.control_plane.api_keys import ApiKeys
 from dynask.control_plane.cluster import ClusterRuntime
 from dynask.control_plane.cluster_admin import ClusterAdmin
 from dynask.control_plane.deployment_admin import DeploymentAdmin
@@ -42,6 +44,9 @@ def make_stack(repo: Repository) -> AdminStack:
         service=service,
         cluster=ClusterAdmin(runtime),
         deployments=DeploymentAdmin(repo, runtime),
+        api_keys=(keys := ApiKeys(repo.engine)),
+        key_guard=ApiKeyGuard(keys),
+        keys_required=True,
     )
     app = Starlette(routes=admin_routes(deps, "test-secret"))
     return AdminStack(deps, runtime, TestClient(app, follow_redirects=False))

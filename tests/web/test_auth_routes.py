@@ -13,6 +13,7 @@ PAGES = [
     "/admin/metrics",
     "/admin/chat",
     "/admin/routing",
+    "/admin/keys",
     "/admin/events",
 ]
 PARTIALS = ["/admin/deployments/table", "/admin/routing/table", "/admin/events/table"]
@@ -23,6 +24,8 @@ FORMS = [
     "/admin/deployments/some-name/delete",
     "/admin/workers/add",
     "/admin/workers/retire",
+    "/admin/keys",
+    "/admin/keys/1/revoke",
     "/admin/logout",
 ]
 BROWSER = {"accept": "text/html,application/xhtml+xml"}

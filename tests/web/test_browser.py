@@ -5,6 +5,7 @@ each test's tmp folder (``pytest --basetemp=DIR`` keeps them somewhere known).""
 from __future__ import annotations
 
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,11 +26,33 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    folder = tmp_path_factory.mktemp("admin-server")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("admin-server")
+
+
+@pytest.fixture(scope="module")
+def api_key(folder: Path) -> str:
+    """A key made with the CLI before the server starts (it requires one on /v1)."""
+    done = subprocess.run(
+        [str(sp.BIN / "dynask"), "keys", "create", "browser-test", "--database-url", _db(folder)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
+def _db(folder: Path) -> str:
+    return f"sqlite:///{folder / 'state.db'}"
+
+
+@pytest.fixture(scope="module")
+def server(folder: Path, api_key: str) -> Iterator[str]:
     log = folder / "dynask-run.log"
     port = sp.free_port()
-    args = ["run", "--out", "echo", "--model-name", "chat", "--workers", "1"]
+    # Keys required: the chat page must reach /v1 with its own short-lived key.
+    args = ["run", "--out", "echo", "--model-name", "chat", "--workers", "1", "--require-api-key"]
     with pytest.MonkeyPatch.context() as env:
         env.setenv("DYNASK_ADMIN_PASSWORD", PASSWORD)
         proc = sp.start(
@@ -39,7 +62,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 "--port",
                 str(port),
                 "--database-url",
-                f"sqlite:///{folder / 'state.db'}",
+                _db(folder),
             ],
             log,
         )
@@ -154,12 +177,17 @@ def test_a_chat_reply_streams_in(page: Page, tmp_path: Path) -> None:
     _shot(page, tmp_path, "chat")
 
 
-def test_a_request_shows_up_in_the_metrics(page: Page, server: str, tmp_path: Path) -> None:
+def test_a_request_shows_up_in_the_metrics(
+    page: Page, server: str, api_key: str, tmp_path: Path
+) -> None:
     page.goto("/admin/metrics")
     expect(page.locator("#metrics-status")).to_contain_text("updated")
     before = float(page.locator("#stat-requests_total").inner_text())
     body = {"model": "chat", "messages": [{"role": "user", "content": "count me"}], "stream": True}
-    httpx.post(f"{server}/v1/chat/completions", json=body, timeout=30).raise_for_status()
+    auth = {"authorization": f"Bearer {api_key}"}
+    httpx.post(
+        f"{server}/v1/chat/completions", json=body, headers=auth, timeout=30
+    ).raise_for_status()
     expect(page.locator("#stat-requests_total")).to_have_text(f"{before + 1:.0f}")
     expect(page.locator("#stat-ttft")).not_to_have_text("– / –")
     page.wait_for_timeout(3000)  # a few more points on the charts for the screenshot

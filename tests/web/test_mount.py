@@ -10,6 +10,8 @@ import pytest
 from starlette.routing import Mount
 
 from dynask.control_plane.admin_users import AdminUsers
+from dynask.control_plane.api_key_guard import ApiKeyGuard
+from dynask.control_plane.api_keys import ApiKeys
 from dynask.control_plane.cluster import ClusterRuntime
 from dynask.control_plane.database import make_engine, upgrade
 from dynask.control_plane.http_server import ServerOptions
@@ -24,11 +26,14 @@ def _control_plane(tmp_path: Path) -> SimpleNamespace:
     engine = make_engine(f"sqlite:///{tmp_path / 'cp.db'}")
     upgrade(engine)
     service = ServingService(ServingMetrics())
+    keys = ApiKeys(engine)
     return SimpleNamespace(
         repo=Repository(engine),
         service=service,
         runtime=ClusterRuntime(service, []),
         options=ServerOptions(port=8123),
+        api_keys=keys,
+        key_guard=ApiKeyGuard(keys),
     )
 
 

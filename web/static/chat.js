@@ -3,6 +3,7 @@
 "use strict";
 (() => {
   const endpoint = document.currentScript.dataset.endpoint;
+  const apiKey = document.currentScript.dataset.apiKey;  // short-lived, minted for this page
   const $ = (id) => document.getElementById(id);
   const log = $("chat-log"), input = $("chat-message"), status = $("chat-status");
   const submit = $("chat-submit");
@@ -59,7 +60,7 @@
     try {
       const response = await fetch(endpoint, {
         method: "POST",
-        headers: { "content-type": "application/json" },
+        headers: { "content-type": "application/json", authorization: `Bearer ${apiKey}` },
         body: JSON.stringify({
           model, messages, stream: true,
           max_tokens: Number($("chat-max-tokens").value) || 128,

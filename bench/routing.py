@@ -62,10 +62,10 @@ from routing_load import (
     conversations,
     request_body,
     run_round,
-    send,
     summarize,
 )
 from serve_cluster import free_port, spawned, wait_until_ready
+from serve_load import stream_completion
 from serve_report import code_version, machine_facts, write_json
 
 REPO = Path(__file__).resolve().parent.parent
@@ -130,7 +130,7 @@ async def warm_up(base_url: str, scenario: Scenario) -> None:
     async with httpx.AsyncClient(base_url=base_url, timeout=REQUEST_TIMEOUT_S) as client:
         for _ in range(scenario.actors):
             prompt = [rng.randrange(*VOCAB) for _ in range(64)]
-            record = await send(client, request_body(prompt, 2, "round-robin"))
+            record = await stream_completion(client, request_body(prompt, 2, "round-robin"))
             if record.error is not None:
                 raise RuntimeError(f"warm-up request failed: {record.error}")
 

@@ -10,7 +10,6 @@ with the server it measures). The KV hit rate comes from each reply's usage
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+from serve_load import RequestRecord, stream_completion
 
 MODEL = "bench"  # routing_server.MODEL
 VOCAB = (100, 40_000)
@@ -63,18 +63,6 @@ def conversations(workload: Workload, seed: int) -> list[list[list[int]]]:
 # ---- the client -----------------------------------------------------------------------------
 
 
-@dataclass
-class Record:
-    """What the client saw of one request."""
-
-    ttft_s: float | None = None
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    completion_tokens: int = 0
-    done: bool = False
-    error: str | None = None
-
-
 def request_body(prompt: list[int], max_tokens: int, mode: str) -> dict[str, Any]:
     return {
         "model": MODEL,
@@ -86,43 +74,6 @@ def request_body(prompt: list[int], max_tokens: int, mode: str) -> dict[str, Any
         "stream_options": {"include_usage": True},
         "router_mode": mode,
     }
-
-
-async def send(client: httpx.AsyncClient, body: dict[str, Any]) -> Record:
-    record = Record()
-    start = time.perf_counter()
-    try:
-        async with client.stream("POST", "/v1/completions", json=body) as response:
-            if response.status_code != 200:
-                text = (await response.aread()).decode(errors="replace")
-                record.error = f"HTTP {response.status_code}: {text[:160]}"
-                return record
-            async for line in response.aiter_lines():
-                _read_line(record, line, start)
-    except httpx.HTTPError as exc:
-        record.error = f"{type(exc).__name__}: {exc}"[:160]
-    return record
-
-
-def _read_line(record: Record, line: str, start: float) -> None:
-    if not line.startswith("data:"):
-        return
-    data = line[5:].strip()
-    if data == "[DONE]":
-        record.done = True
-        return
-    if '"usage"' not in data and '"error"' not in data:  # a token chunk: parse no JSON
-        if record.ttft_s is None:
-            record.ttft_s = time.perf_counter() - start
-        return
-    event = json.loads(data)
-    if "error" in event:
-        record.error = f"in-stream error: {str(event['error'])[:160]}"
-    usage = event.get("usage")
-    if usage:
-        record.prompt_tokens = usage["prompt_tokens"]
-        record.completion_tokens = usage["completion_tokens"]
-        record.cached_tokens = usage["prompt_tokens_details"]["cached_tokens"]
 
 
 # ---- one phase: one mode ----------------------------------------------------------------------
@@ -156,7 +107,7 @@ class Phase:
 
     mode: str
     conversations: list[list[list[int]]]
-    records: list[tuple[int, Record]] = field(default_factory=list)  # (turn, record)
+    records: list[tuple[int, RequestRecord]] = field(default_factory=list)  # (turn, record)
     wall_s: float = 0.0
     decisions: list[dict[str, Any]] = field(default_factory=list)
     load_avg_1m: list[float] = field(default_factory=list)
@@ -170,7 +121,7 @@ async def run_round(
     base_url: str, workload: Workload, phase: Phase, convs: list[list[list[int]]]
 ) -> None:
     """Sends ``convs`` in ``phase.mode`` with the workload's concurrency; records into it."""
-    records: list[tuple[int, Record]] = []
+    records: list[tuple[int, RequestRecord]] = []
     limits = httpx.Limits(max_connections=workload.concurrency + 2)
     async with httpx.AsyncClient(
         base_url=base_url, limits=limits, timeout=REQUEST_TIMEOUT_S
@@ -181,7 +132,7 @@ async def run_round(
             for conversation in queue:  # shared: each conversation goes to one client
                 for turn, prompt in enumerate(conversation):
                     body = request_body(prompt, workload.max_tokens, phase.mode)
-                    records.append((turn, await send(client, body)))
+                    records.append((turn, await stream_completion(client, body)))
 
         start = time.perf_counter()
         await asyncio.gather(*(user() for _ in range(workload.concurrency)))
@@ -201,10 +152,10 @@ async def _decisions(client: httpx.AsyncClient, count: int, mode: str) -> list[d
 def summarize(scenario: str, workload: Workload, phase: Phase) -> Row:
     """The phase's rates and percentiles over the requests that completed."""
     max_tokens = workload.max_tokens
-    ok = [(t, r) for t, r in phase.records if _failure(r, max_tokens) is None]
-    failures = [f for _, r in phase.records if (f := _failure(r, max_tokens)) is not None]
+    ok = [(t, r) for t, r in phase.records if r.failure(max_tokens) is None]
+    failures = [f for _, r in phase.records if (f := r.failure(max_tokens)) is not None]
     ttfts = [r.ttft_s for _, r in ok if r.ttft_s is not None]
-    prompt = sum(r.prompt_tokens for _, r in ok)
+    prompt = sum(r.prompt_tokens or 0 for _, r in ok)
     by_turn = [
         _pct([r.ttft_s for t, r in ok if t == turn and r.ttft_s is not None], 50, 1000)
         for turn in range(workload.turns)
@@ -226,11 +177,11 @@ def summarize(scenario: str, workload: Workload, phase: Phase) -> Row:
         failures=sorted(set(failures))[:5],
         wall_s=wall_s,
         req_per_s=len(ok) / wall_s,
-        output_tok_per_s=sum(r.completion_tokens for _, r in ok) / wall_s,
+        output_tok_per_s=sum(r.completion_tokens or 0 for _, r in ok) / wall_s,
         ttft_p50_ms=_pct(ttfts, 50, 1000),
         ttft_p99_ms=_pct(ttfts, 99, 1000),
         ttft_mean_ms=float(np.mean(ttfts)) * 1000 if ttfts else None,
-        kv_hit_rate=sum(r.cached_tokens for _, r in ok) / prompt if prompt else None,
+        kv_hit_rate=sum(r.cached_tokens or 0 for _, r in ok) / prompt if prompt else None,
         route_us_p50=_pct(route_us, 50),
         route_us_p99=_pct(route_us, 99),
         winner_overlap_mean_blocks=(
@@ -240,16 +191,6 @@ def summarize(scenario: str, workload: Workload, phase: Phase) -> Row:
         load_avg_1m=float(np.mean(phase.load_avg_1m)),
         ttft_by_turn_p50_ms=by_turn,
     )
-
-
-def _failure(record: Record, max_tokens: int) -> str | None:
-    if record.error is not None:
-        return record.error
-    if not record.done:
-        return "stream ended without [DONE]"
-    if record.completion_tokens != max_tokens:
-        return f"completion_tokens {record.completion_tokens} != {max_tokens}"
-    return None
 
 
 def _pct(values: list[float], q: float, scale: float = 1.0) -> float | None:

@@ -57,6 +57,7 @@ class RequestRecord:
     content_chunks: int = 0
     completion_tokens: int | None = None  # from the usage chunk
     prompt_tokens: int | None = None  # as the server counted them
+    cached_tokens: int | None = None  # prompt tokens the engine took from its prefix cache
     done: bool = False  # "data: [DONE]" arrived
     done_s: float | None = None  # from sending until "data: [DONE]" arrived
     end_s: float | None = None  # from sending until the response body ended
@@ -199,9 +200,10 @@ def _read_line(record: RequestRecord, line: str) -> bool:
     if "error" in event:
         record.error = f"in-stream error: {str(event['error'])[:120]}"
         return False
-    if event.get("usage"):
-        record.completion_tokens = event["usage"]["completion_tokens"]
-        record.prompt_tokens = event["usage"]["prompt_tokens"]
+    if usage := event.get("usage"):
+        record.completion_tokens = usage["completion_tokens"]
+        record.prompt_tokens = usage["prompt_tokens"]
+        record.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
     if event.get("choices"):
         record.content_chunks += 1
         return True

@@ -8,6 +8,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -21,8 +23,10 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+def start(
+    args: list[str], log: Path, extra_env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
     handle = log.open("wb")
     return subprocess.Popen(
         args, stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -43,6 +47,25 @@ def wait_healthy(
             pass
         time.sleep(0.5)
     raise TimeoutError(f"server not healthy after {timeout}s:\n{log.read_text()[-3000:]}")
+
+
+@contextmanager
+def dynask_run(
+    folder: Path, args: list[str], env: dict[str, str] | None = None
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``dynask run ARGS`` on a free port with its SQLite database and log in ``folder``;
+    yields (base URL, process) once ``/health`` answers, and stops it afterwards."""
+    port = free_port()
+    log = folder / "dynask-run.log"
+    argv = [str(BIN / "dynask"), "run", *args, "--port", str(port)]
+    argv += ["--database-url", f"sqlite:///{folder / 'state.db'}"]
+    proc = start(argv, log, env)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(base, proc, log)
+        yield base, proc
+    finally:
+        stop(proc)
 
 
 def stop(proc: subprocess.Popen[bytes], timeout: float = 30) -> None:

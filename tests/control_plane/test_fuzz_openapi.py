@@ -48,19 +48,10 @@ MAX_EXAMPLES = 50
 
 @pytest.fixture(scope="module")
 def echo_server(tiny_llama_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = sp.free_port()
     folder = tmp_path_factory.mktemp("fuzz-server")
-    log = folder / "dynask-run.log"
-    args = [str(sp.BIN / "dynask"), "run", str(tiny_llama_folder), "out=echo"]
-    args += ["--model-name", MODEL, "--workers", "1", "--port", str(port)]
-    args += ["--database-url", f"sqlite:///{folder / 'state.db'}"]
-    proc = sp.start(args, log)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        sp.wait_healthy(base, proc, log)
+    args = [str(tiny_llama_folder), "out=echo", "--model-name", MODEL, "--workers", "1"]
+    with sp.dynask_run(folder, args) as (base, _):
         yield base
-    finally:
-        sp.stop(proc)
 
 
 @pytest.fixture(scope="module")

@@ -49,29 +49,11 @@ def _db(folder: Path) -> str:
 
 @pytest.fixture(scope="module")
 def server(folder: Path, api_key: str) -> Iterator[str]:
-    log = folder / "dynask-run.log"
-    port = sp.free_port()
     # Keys required: the chat page must reach /v1 with its own short-lived key.
-    args = ["run", "--out", "echo", "--model-name", "chat", "--workers", "1", "--require-api-key"]
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("DYNASK_ADMIN_PASSWORD", PASSWORD)
-        proc = sp.start(
-            [
-                str(sp.BIN / "dynask"),
-                *args,
-                "--port",
-                str(port),
-                "--database-url",
-                _db(folder),
-            ],
-            log,
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        sp.wait_healthy(base, proc, log)
+    args = ["--out", "echo", "--model-name", "chat", "--workers", "1", "--require-api-key"]
+    env = {"DYNASK_ADMIN_PASSWORD": PASSWORD}
+    with sp.dynask_run(folder, args, env) as (base, _):
         yield base
-    finally:
-        sp.stop(proc)
 
 
 @pytest.fixture(scope="module")

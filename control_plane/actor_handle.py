@@ -58,11 +58,12 @@ class ActorHandle:
     _queues: dict[str, asyncio.Queue[RequestOutput | None]] = field(default_factory=dict)
     _reader_task: asyncio.Task[None] | None = None
     _writer: asyncio.StreamWriter | None = None
-    _batcher: SubmitBatcher | None = None
+    _batcher: SubmitBatcher = field(init=False)
     broken: bool = False
 
     def __post_init__(self) -> None:
         self.load = ActorLoad(int(self.info.get("kv_block_size") or DEFAULT_BLOCK_SIZE))
+        self._batcher = SubmitBatcher(self.proxy, self.name)
 
     @property
     def in_flight(self) -> int:
@@ -81,7 +82,6 @@ class ActorHandle:
         host, port = str(self.info["stream_address"]).rsplit(":", 1)
         reader, self._writer = await asyncio.open_connection(host, int(port))
         self._reader_task = asyncio.create_task(self._read(reader), name=f"stream-{self.name}")
-        self._batcher = SubmitBatcher(self.proxy, self.name)
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
         try:
@@ -131,7 +131,7 @@ class ActorHandle:
         finished = False
         submitted: asyncio.Future[None] | None = None
         try:
-            submitted = self._submitter().submit(pack_request(request_id, prompt, params))
+            submitted = self._batcher.submit(pack_request(request_id, prompt, params))
             await asyncio.shield(submitted)  # a cancelled caller still learns if it went out
             while not finished:
                 batch = [await queue.get()]
@@ -153,11 +153,6 @@ class ActorHandle:
         """Counts a routed request in ``load`` before ``generate`` starts it, so requests
         routed meanwhile see it; ``load.release`` undoes it if it never starts."""
         self.load.admit(request_id, prompt_tokens, cached_tokens)
-
-    def _submitter(self) -> SubmitBatcher:
-        if self._batcher is None:
-            self._batcher = SubmitBatcher(self.proxy, self.name)
-        return self._batcher
 
     async def _abort_if_submitted(self, request_id: str, submitted: asyncio.Future[None]) -> None:
         """Aborts a request the caller gave up on, once it is surely on the actor (an abort
@@ -182,5 +177,4 @@ class ActorHandle:
             self._reader_task.cancel()
         if self._writer is not None:
             self._writer.close()
-        if self._batcher is not None:
-            self._batcher.close()
+        self._batcher.close()

@@ -61,7 +61,9 @@ def block_row(block_ids: list[int], width: int) -> list[int]:
 
 
 def to_device(
-    rows: list[list[int]] | list[int], dtype: torch.dtype, device: torch.device
+    rows: list[list[list[int]]] | list[list[int]] | list[int],
+    dtype: torch.dtype,
+    device: torch.device,
 ) -> torch.Tensor:
     """One pinned host tensor, copied without waiting for the GPU."""
     host = torch.tensor(rows, dtype=dtype).pin_memory()
@@ -190,3 +192,40 @@ class DecodeGraphs:
             self._fill_padding(rows)
         self._graphs[batch].replay()
         return self._logits[batch][:rows]
+
+    def replay_greedy_chain(
+        self,
+        ids: list[int],
+        positions: list[list[int]],
+        slots: list[list[int]],
+        tables: list[list[int]],
+    ) -> torch.Tensor:
+        """Greedy tokens ``[steps, rows]`` of consecutive decode steps, chained on the GPU.
+
+        Step ``i``'s positions and slots come from one host copy made up front; its token
+        ids are the argmax of step ``i - 1``'s logits, copied on the device. ``tables``
+        must already cover the last step. Nothing waits for the GPU here.
+        """
+        rows, steps = len(ids), len(positions)
+        batch = self.bucket_for(rows)
+        if batch is None:
+            raise ValueError(f"decode batch of {rows} rows exceeds the largest graph bucket")
+        device = self._longs.device
+        width = max(len(t) for t in tables)
+        plan = to_device([positions, slots], torch.long, device)  # [2, steps, rows]
+        lengths = to_device([[p + 1 for p in row] for row in positions], torch.int32, device)
+        self._longs[0, :rows].copy_(torch.tensor(ids).pin_memory(), non_blocking=True)
+        host_tables = torch.tensor([block_row(t, width) for t in tables], dtype=torch.int32)
+        self._tables[:rows, :width].copy_(host_tables.pin_memory(), non_blocking=True)
+        if rows < batch:
+            self._fill_padding(rows)
+        chosen = torch.empty((steps, rows), dtype=torch.long, device=device)
+        logits = self._logits[batch][:rows]
+        for step in range(steps):
+            self._longs[1:, :rows].copy_(plan[:, step])
+            self._lens[:rows].copy_(lengths[step])
+            self._graphs[batch].replay()
+            torch.argmax(logits, dim=-1, out=chosen[step])
+            if step + 1 < steps:
+                self._longs[0, :rows].copy_(chosen[step])
+        return chosen

@@ -19,11 +19,13 @@ from typing import Any
 import torch
 
 from dynask.actors.engine.config import EngineConfig
+from dynask.actors.engine.decode_burst import burst_steps
 from dynask.actors.engine.detokenizer import IncrementalDetokenizer
 from dynask.actors.engine.engine_parts import EngineParts, build_engine_parts
 from dynask.actors.engine.kv_manager import PrefixHit
+from dynask.actors.engine.model_runner import ModelRunner
 from dynask.actors.engine.sampling import SamplingParams, make_generator
-from dynask.actors.engine.scheduler import Scheduler, SchedulerConfig
+from dynask.actors.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from dynask.actors.engine.sequence import (
     AbortRequest,
     FinishReason,
@@ -54,6 +56,14 @@ class LLMEngine:
             frozenset(self.parts.eos_token_ids),
         )
         self.kv_events = self.parts.event_log
+        # Bursts need the real model runner (the mocker's simulated one steps singly).
+        runner = self.parts.runner
+        self._burst_runner = runner if isinstance(runner, ModelRunner) else None
+        self.decode_burst = (
+            config.decode_burst_steps(runner.graphs is not None)
+            if isinstance(runner, ModelRunner)
+            else 1
+        )
         self._inbox: queue.SimpleQueue[Sequence | AbortRequest] = queue.SimpleQueue()
         self._fanout = OutputFanout()
         self._sequences: dict[str, Sequence] = {}
@@ -218,7 +228,10 @@ class LLMEngine:
         with self._step_lock:
             outputs = self._drain_inbox()
             out = self.scheduler.schedule()
-            if out.chunks:
+            steps = self._burst_steps(out)
+            if steps > 1:
+                outputs += self._run_burst(out, steps)
+            elif out.chunks:
                 tokens = self.parts.runner.run(out.chunks)
                 advanced = self.scheduler.postprocess(out, tokens)
                 outputs += [self._delta(seq) for seq in advanced]
@@ -226,6 +239,30 @@ class LLMEngine:
                 self._counters["steps"] += 1
         self._publish(outputs)
         return outputs
+
+    def _burst_steps(self, out: SchedulerOutput) -> int:
+        if self.decode_burst <= 1 or self.scheduler.waiting or not self._inbox.empty():
+            return 1
+        return burst_steps(out, self.parts.kv_manager, self.decode_burst, self.max_model_len)
+
+    def _run_burst(self, out: SchedulerOutput, steps: int) -> list[RequestOutput]:
+        """``steps`` greedy decode steps at once (see ``decode_burst``); one delta per request."""
+        new_tokens = dict.fromkeys((chunk.seq for chunk in out.chunks), 0)
+        assert self._burst_runner is not None  # decode_burst > 1 only with a ModelRunner
+        for tokens in self._burst_runner.run_decode_burst(out.chunks, steps):
+            live = [
+                (chunk, token)
+                for chunk, token in zip(out.chunks, tokens, strict=True)
+                if chunk.seq.status is SequenceStatus.RUNNING
+            ]
+            if not live:
+                break
+            step = SchedulerOutput([chunk for chunk, _ in live])
+            for seq in self.scheduler.postprocess(step, [token for _, token in live]):
+                new_tokens[seq] += 1
+            self._counters["steps"] += 1
+        self._counters["generated_tokens"] += sum(new_tokens.values())
+        return [self._delta(seq, count) for seq, count in new_tokens.items() if count]
 
     def _drain_inbox(self) -> list[RequestOutput]:
         outputs = []
@@ -246,9 +283,9 @@ class LLMEngine:
         self.scheduler.finish(seq, FinishReason.ABORT)
         return [self._delta(seq)]
 
-    def _delta(self, seq: Sequence) -> RequestOutput:
+    def _delta(self, seq: Sequence, count: int = 1) -> RequestOutput:
         finished = seq.status is SequenceStatus.FINISHED
-        new_tokens = seq.output_token_ids[-1:] if seq.output_token_ids else []
+        new_tokens = seq.output_token_ids[-count:] if seq.output_token_ids else []
         if seq.finish_reason is FinishReason.ABORT:
             new_tokens = []
         if finished:

@@ -99,6 +99,40 @@ class ModelRunner:
             result[i] = token
         return result
 
+    @torch.inference_mode()
+    def run_decode_burst(self, chunks: list[ScheduledChunk], steps: int) -> list[list[int]]:
+        """Greedy tokens of ``steps`` decode steps of ``chunks``, one list per step.
+
+        Step ``i`` feeds every row the token step ``i - 1`` chose, at the next position;
+        the blocks for all ``steps`` tokens must be reserved (``decode_burst``). With CUDA
+        graphs the steps are chained on the device and the host waits once.
+        """
+        seqs = [chunk.seq for chunk in chunks]
+        block_size = self.spec.block_size
+        starts = [seq.num_computed_tokens for seq in seqs]
+        positions = [[start + i for start in starts] for i in range(steps)]
+        slots = [
+            [_slot(seq, position, block_size) for seq, position in zip(seqs, row, strict=True)]
+            for row in positions
+        ]
+        tables = [
+            [int(b.block_id) for b in seq.blocks[: -(-(start + steps) // block_size)]]
+            for seq, start in zip(seqs, starts, strict=True)
+        ]
+        ids = [seq.token_ids()[-1] for seq in seqs]
+        graphs = self.graphs
+        if graphs is not None and graphs.bucket_for(len(seqs)):
+            return graphs.replay_greedy_chain(ids, positions, slots, tables).tolist()  # type: ignore[no-any-return]
+        results = []
+        rows = list(range(len(seqs)))
+        for step in range(steps):
+            plan = _StepPlan([ids, positions[step], slots[step]], rows, seqs, tables, [])
+            logits = self._logits(plan, rows, rows)
+            assert logits is not None  # every row samples
+            ids = [int(t) for t in logits.argmax(dim=-1).tolist()]
+            results.append(ids)
+        return results
+
     def _logits(
         self, plan: _StepPlan, ordered: list[int], sampled_rows: list[int]
     ) -> torch.Tensor | None:
@@ -175,10 +209,7 @@ class _StepPlan:
             stop = start + chunk.num_new_tokens
             ids += _token_slice(seq, start, stop)
             positions += range(start, stop)
-            slots += [
-                seq.blocks[p // block_size].block_id * block_size + p % block_size
-                for p in range(start, stop)
-            ]
+            slots += [_slot(seq, p, block_size) for p in range(start, stop)]
             plan.ends.append(len(ids) - 1)
             blocks = [int(b.block_id) for b in seq.blocks[: -(-stop // block_size)]]
             if _is_decode(chunk):
@@ -206,7 +237,8 @@ class _StepPlan:
         )
         decode = None
         if self.decode_seqs:
-            decode = _decode_rows(self.decode_seqs, self.decode_tables, block_size, device)
+            rows = len(self.decode_tables)  # decode rows come first
+            decode = _decode_rows(self.tokens[1][:rows], self.decode_tables, block_size, device)
         meta = AttentionMetadata(slot_mapping=slots, decode=decode, prefills=prefills)
         return ids, positions, meta
 
@@ -219,10 +251,14 @@ def _token_slice(seq: Sequence, start: int, stop: int) -> list[int]:
     return (prompt + seq.output_token_ids)[start:stop] if stop > len(prompt) else prompt[start:stop]
 
 
+def _slot(seq: Sequence, position: int, block_size: int) -> int:
+    return int(seq.blocks[position // block_size].block_id) * block_size + position % block_size
+
+
 def _decode_rows(
-    seqs: list[Sequence], tables: list[list[int]], block_size: int, device: torch.device
+    positions: list[int], tables: list[list[int]], block_size: int, device: torch.device
 ) -> DecodeRows:
-    lengths = [s.num_computed_tokens + 1 for s in seqs]
+    lengths = [position + 1 for position in positions]
     num_blocks = max(len(t) for t in tables)
     padded = [t + [0] * (num_blocks - len(t)) for t in tables]
     table = torch.tensor(padded, dtype=torch.long, device=device)
@@ -230,4 +266,4 @@ def _decode_rows(
     mask = (
         torch.arange(width, device=device)[None, :] < torch.tensor(lengths, device=device)[:, None]
     )
-    return DecodeRows(num_rows=len(seqs), block_tables=table, mask=mask[:, None, None, :])
+    return DecodeRows(num_rows=len(tables), block_tables=table, mask=mask[:, None, None, :])

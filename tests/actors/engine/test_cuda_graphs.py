@@ -59,3 +59,36 @@ def test_seeded_sampling_on_the_gpu_ignores_the_rest_of_the_batch(
 
     assert alone == crowd
     assert len(set(alone)) > 1
+
+
+def test_chained_decode_bursts_match_single_replays(tiny_llama_folder: Path) -> None:
+    # Bursts of 8 chain graph replays on the device; rows stop at a stop token or at
+    # different max_tokens inside a burst.
+    prompts = prompts_of_lengths([5, 19, 33], seed=11)
+    runs = []
+    for burst in (1, 8):
+        config = EngineConfig(
+            model=str(tiny_llama_folder), device="cuda", num_kv_blocks=256, max_num_seqs=16,
+            block_size=4, decode_burst=burst,
+        )  # fmt: skip
+        engine = LLMEngine(config)
+        assert engine.decode_burst == burst
+        params = [
+            SamplingParams(max_tokens=11 + 4 * i, temperature=0.0, ignore_eos=True)
+            for i in range(len(prompts))
+        ]
+        if runs:  # the second run stops the first prompt at its 6th token
+            first = runs[0][0]
+            params[0] = SamplingParams(
+                max_tokens=11, temperature=0.0, ignore_eos=True, stop_token_ids=(first[5],)
+            )
+        streams = [engine.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        while not all(s.finished for s in streams):
+            engine.step()
+        runs.append([s.token_ids for s in streams])
+        pool = engine.parts.kv_manager.pool
+        assert pool.num_free_blocks == pool.num_blocks
+
+    first = runs[0][0]
+    assert runs[1][0] == first[: first.index(first[5]) + 1]
+    assert runs[1][1:] == runs[0][1:]

@@ -19,7 +19,7 @@ class EngineConfig:
     limit and is clamped to what the cache can hold. On CUDA, ``cuda_graphs`` captures
     decode steps of 1 to ``max_num_seqs`` rows at start-up (off: every step runs eagerly).
     ``decode_burst`` runs up to that many greedy decode-only steps back to back with one
-    host sync (``decode_burst``); None means 8 with CUDA graphs and 1 (off) otherwise.
+    host sync (module ``decode_burst``); 1, the default, turns bursts off.
     """
 
     model: str | None = None  # HF folder, .gguf file or hub id; None = bundled SmolLM2
@@ -34,7 +34,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     enable_prefix_caching: bool = True
     cuda_graphs: bool = True  # decode steps replayed from CUDA graphs (CUDA only)
-    decode_burst: int | None = None  # greedy decode steps per host sync; None = auto
+    decode_burst: int = 1  # greedy decode steps per host sync (1: off)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -59,10 +59,10 @@ class EngineConfig:
             "an integer >= 2",
         )
         _check(
-            self.decode_burst is None or self.decode_burst >= 1,
+            self.decode_burst >= 1,
             "decode_burst",
             self.decode_burst,
-            "an integer >= 1 (1 turns bursts off), or None for automatic",
+            "an integer >= 1 (1 turns bursts off)",
         )
         _check(self.max_num_seqs >= 1, "max_num_seqs", self.max_num_seqs, "an integer >= 1")
         _check(
@@ -83,12 +83,6 @@ class EngineConfig:
             self.device,
             "auto, cpu, cuda or cuda:N",
         )
-
-    def decode_burst_steps(self, cuda_graphs: bool) -> int:
-        """Greedy decode steps per host sync: the setting, else 8 with CUDA graphs, else 1."""
-        if self.decode_burst is not None:
-            return self.decode_burst
-        return 8 if cuda_graphs else 1
 
     def torch_device(self) -> torch.device:
         if self.device == "auto":

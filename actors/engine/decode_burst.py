@@ -14,9 +14,10 @@ behave exactly as in single steps. A sequence that stops inside a burst had at m
 with them.
 
 The cost is latency for arrivals: a request that comes in during a burst waits for it
-(``k`` steps) before it is admitted, and tokens reach clients ``k`` at a time. Bursts are
-therefore on only where host overhead matters (CUDA graphs) and never start while a
-request is waiting.
+(``k`` steps) before it is admitted, and tokens reach clients ``k`` at a time. A burst
+therefore never starts while a request is waiting. Bursts are off by default
+(``EngineConfig.decode_burst = 1``): the chained CUDA path has not yet run on a GPU (the
+device time for this work was spent), so it is opt-in until it is measured.
 """
 
 from __future__ import annotations

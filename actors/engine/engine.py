@@ -59,11 +59,7 @@ class LLMEngine:
         # Bursts need the real model runner (the mocker's simulated one steps singly).
         runner = self.parts.runner
         self._burst_runner = runner if isinstance(runner, ModelRunner) else None
-        self.decode_burst = (
-            config.decode_burst_steps(runner.graphs is not None)
-            if isinstance(runner, ModelRunner)
-            else 1
-        )
+        self.decode_burst = config.decode_burst if isinstance(runner, ModelRunner) else 1
         self._inbox: queue.SimpleQueue[Sequence | AbortRequest] = queue.SimpleQueue()
         self._fanout = OutputFanout()
         self._sequences: dict[str, Sequence] = {}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dynask.control_plane.admin_users import AdminUsers
 from dynask.control_plane.api_key_guard import ApiKeyGuard
@@ -11,6 +11,7 @@ from dynask.control_plane.cluster_admin import ClusterAdmin
 from dynask.control_plane.deployment_admin import DeploymentAdmin
 from dynask.control_plane.repository import Repository
 from dynask.control_plane.service import ServingService
+from dynask.web.login_throttle import LoginThrottle
 from dynask.web.templating import Renderer
 
 
@@ -25,3 +26,4 @@ class AdminDeps:
     api_keys: ApiKeys
     key_guard: ApiKeyGuard  # mints the chat page's short-lived key
     keys_required: bool  # does /v1 need a key (shown on the API keys page)
+    login_throttle: LoginThrottle = field(default_factory=LoginThrottle)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
@@ -13,6 +14,7 @@ from dynask.web.deps import AdminDeps
 from dynask.web.templating import BASE
 
 LOGIN_FAILED = "Wrong user name or password."
+LOCKED_OUT = "Too many failed logins; try again in {seconds} s."
 
 
 def make_auth_routes(deps: AdminDeps) -> list[Route]:
@@ -36,9 +38,19 @@ def make_auth_routes(deps: AdminDeps) -> list[Route]:
         form = await checked_form(request)
         username = str(form.get("username") or "").strip()
         password = str(form.get("password") or "")
+        client = request.client.host if request.client else "unknown"
+        throttle = deps.login_throttle
+        wait = throttle.retry_after(username, client)
+        if wait > 0:  # refused before the password is even checked
+            seconds = math.ceil(wait)
+            response = _login_form(request, username, LOCKED_OUT.format(seconds=seconds), 429)
+            response.headers["Retry-After"] = str(seconds)
+            return response
         user = await asyncio.to_thread(deps.users.authenticate, username, password)
         if user is None:
+            throttle.failed(username, client)
             return _login_form(request, username, LOGIN_FAILED, status=401)
+        throttle.succeeded(username, client)
         log_in(request, user.username)
         return RedirectResponse(safe_next(str(form.get("next") or "")), 303)
 

@@ -15,6 +15,11 @@ size, so a decode step can be captured in a CUDA graph and replayed.
 
 Both: a chunk with no cached prefix attends straight to its own fresh keys with SDPA
 (flash attention on a GPU), skipping the cache.
+
+Sliding windows (Mistral, windowed Qwen2 layers): a layer's ``window`` W lets a token see
+the last W positions, itself included, as transformers does. The CPU path masks the rest
+out; the CUDA kernels have no window, so on CUDA the engine caps ``max_model_len`` at
+the narrowest window (``engine_parts``), where a window changes nothing.
 """
 
 from __future__ import annotations
@@ -36,9 +41,22 @@ class DecodeRows:
     num_rows: int
     block_tables: torch.Tensor  # [num_rows, max_blocks] long, padded with block 0
     mask: torch.Tensor  # [num_rows, 1, 1, max_blocks * block_size] bool, True where attended
+    lengths: torch.Tensor | None = None  # [num_rows] context length incl. the new token
     # Reused by every layer of the step: gathering into a preallocated buffer with
     # index_select is ~2.7x faster on a CPU than advanced indexing into a new tensor.
     _buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    _window_masks: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def mask_for(self, window: int | None) -> torch.Tensor:
+        """``mask`` narrowed to each row's last ``window`` positions (made once a step)."""
+        if window is None or self.lengths is None:
+            return self.mask
+        if window not in self._window_masks:
+            key_pos = torch.arange(self.mask.shape[-1], device=self.mask.device)
+            recent = key_pos[None, :] >= (self.lengths - window)[:, None]
+            self._window_masks[window] = self.mask & recent[:, None, None, :]
+        return self._window_masks[window]
 
     def buffers(self, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self._buffers is None:
@@ -109,10 +127,12 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
     store_kv: bool = True,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Attention for every token of the step; q is ``[tokens, heads, dim]``.
 
     ``store_kv=False``: the caller already wrote k and v into the cache (fused RoPE).
+    ``window``: this layer's sliding window (None: full attention).
     """
     if store_kv:
         write_kv(k_cache, v_cache, k.to(k_cache.dtype), v.to(v_cache.dtype), meta.slot_mapping)
@@ -139,20 +159,29 @@ def paged_attention(
         q, k, v = q.to(k_cache.dtype), k.to(k_cache.dtype), v.to(k_cache.dtype)
     if meta.decode is not None:
         rows = meta.decode
-        out[: rows.num_rows] = _decode_attention(q[: rows.num_rows], k_cache, v_cache, rows, scale)
+        out[: rows.num_rows] = _decode_attention(
+            q[: rows.num_rows], k_cache, v_cache, rows, scale, window
+        )
     for chunk in meta.prefills:
-        out[chunk.start : chunk.end] = _prefill_attention(q, k, v, k_cache, v_cache, chunk, scale)
+        out[chunk.start : chunk.end] = _prefill_attention(
+            q, k, v, k_cache, v_cache, chunk, scale, window
+        )
     return out
 
 
 def _decode_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: DecodeRows, scale: float
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    rows: DecodeRows,
+    scale: float,
+    window: int | None,
 ) -> torch.Tensor:
     key_buffer, value_buffer = rows.buffers(k_cache)
     keys = gather_blocks(k_cache, rows.block_tables, key_buffer).transpose(1, 2)
     values = gather_blocks(v_cache, rows.block_tables, value_buffer).transpose(1, 2)
     attended = F.scaled_dot_product_attention(
-        q.unsqueeze(2), keys, values, attn_mask=rows.mask, scale=scale, enable_gqa=True
+        q.unsqueeze(2), keys, values, attn_mask=rows.mask_for(window), scale=scale, enable_gqa=True
     )
     return attended.squeeze(2)
 
@@ -165,11 +194,21 @@ def _prefill_attention(
     v_cache: torch.Tensor,
     chunk: PrefillChunk,
     scale: float,
+    window: int | None,
 ) -> torch.Tensor:
     queries = q[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0)
+    num_new = chunk.end - chunk.start
+    if window is not None and chunk.num_cached + num_new <= window:
+        window = None  # nothing this chunk sees lies outside the window
     if chunk.block_table is None:
         keys = k[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0)
         values = v[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0)
+        if window is not None:
+            mask = _offset_causal_mask(num_new, 0, q.device, window)
+            attended = F.scaled_dot_product_attention(
+                queries, keys, values, attn_mask=mask, scale=scale, enable_gqa=True
+            )
+            return attended.squeeze(0).transpose(0, 1)
         with _fresh_chunk_backends(q.device):
             attended = F.scaled_dot_product_attention(
                 queries, keys, values, is_causal=True, scale=scale, enable_gqa=True
@@ -179,7 +218,7 @@ def _prefill_attention(
         table = chunk.block_table.unsqueeze(0)
         keys = gather_blocks(k_cache, table)[:, :context].transpose(1, 2)
         values = gather_blocks(v_cache, table)[:, :context].transpose(1, 2)
-        mask = _offset_causal_mask(chunk.end - chunk.start, chunk.num_cached, q.device)
+        mask = _offset_causal_mask(num_new, chunk.num_cached, q.device, window)
         attended = F.scaled_dot_product_attention(
             queries, keys, values, attn_mask=mask, scale=scale, enable_gqa=True
         )
@@ -214,8 +253,14 @@ def gather_blocks(
     return gathered.view(rows, blocks * cache.shape[1], *cache.shape[2:])
 
 
-def _offset_causal_mask(num_new: int, num_cached: int, device: torch.device) -> torch.Tensor:
-    """Query i (at position num_cached + i) sees keys 0 .. num_cached + i."""
+def _offset_causal_mask(
+    num_new: int, num_cached: int, device: torch.device, window: int | None = None
+) -> torch.Tensor:
+    """Query i (at position num_cached + i) sees keys 0 .. num_cached + i (the last
+    ``window`` of them with a sliding window)."""
     query_pos = torch.arange(num_new, device=device).unsqueeze(1) + num_cached
     key_pos = torch.arange(num_cached + num_new, device=device).unsqueeze(0)
-    return key_pos <= query_pos
+    mask = key_pos <= query_pos
+    if window is not None:
+        mask &= key_pos > query_pos - window
+    return mask

@@ -62,8 +62,9 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, window: int | None = None) -> None:
         super().__init__()
+        self.window = window  # sliding window of this layer (None: full attention)
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
@@ -102,7 +103,7 @@ class Attention(nn.Module):
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k = rotary(q, k, positions)
         out = paged_attention(
-            q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, store_kv=not fused
+            q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, not fused, self.window
         )
         projected: torch.Tensor = self.o_proj(out.reshape(num_tokens, self.q_size))
         return projected
@@ -125,10 +126,10 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, window: int | None = None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config)
+        self.self_attn = Attention(config, window)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
@@ -157,7 +158,8 @@ class CausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        windows = config.layer_windows or (None,) * config.num_layers
+        self.layers = nn.ModuleList(DecoderLayer(config, w) for w in windows)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config, max_positions)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)

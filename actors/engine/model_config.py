@@ -36,6 +36,9 @@ class ModelConfig:
     qk_norm: bool
     eos_token_ids: tuple[int, ...]
     hf_config: Any  # the transformers config, kept for the RoPE helpers
+    # Per layer: None = full attention, W = sliding window (a token sees the last W
+    # positions, itself included), as Mistral and windowed Qwen2 layers do.
+    layer_windows: tuple[int | None, ...] = ()
 
     def __post_init__(self) -> None:
         if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -73,7 +76,14 @@ class ModelConfig:
             qk_norm=model_type == "qwen3",
             eos_token_ids=_eos_ids(hf),
             hf_config=hf,
+            layer_windows=_layer_windows(hf, int(hf.num_hidden_layers)),
         )
+
+    @property
+    def smallest_window(self) -> int | None:
+        """The narrowest sliding window of any layer (None: every layer is full)."""
+        windows = [w for w in self.layer_windows if w is not None]
+        return min(windows) if windows else None
 
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
         """Bytes of K and V cache one token takes across all layers."""
@@ -108,6 +118,18 @@ def _rope_parameters(hf: Any) -> dict[str, Any]:
     if isinstance(params, dict) and params:
         return params
     return {"rope_type": "default", "rope_theta": float(getattr(hf, "rope_theta", 10000.0))}
+
+
+def _layer_windows(hf: Any, num_layers: int) -> tuple[int | None, ...]:
+    """Which layers attend through a sliding window (transformers' ``layer_types`` when
+    the config has them; a window without them, as Mistral's, covers every layer)."""
+    window = getattr(hf, "sliding_window", None)
+    if not window:
+        return (None,) * num_layers
+    types = getattr(hf, "layer_types", None)
+    if types:
+        return tuple(int(window) if kind == "sliding_attention" else None for kind in types)
+    return (int(window),) * num_layers
 
 
 def _eos_ids(hf: Any) -> tuple[int, ...]:

@@ -258,12 +258,9 @@ def _slot(seq: Sequence, position: int, block_size: int) -> int:
 def _decode_rows(
     positions: list[int], tables: list[list[int]], block_size: int, device: torch.device
 ) -> DecodeRows:
-    lengths = [position + 1 for position in positions]
+    lengths = torch.tensor([position + 1 for position in positions], device=device)
     num_blocks = max(len(t) for t in tables)
     padded = [t + [0] * (num_blocks - len(t)) for t in tables]
     table = torch.tensor(padded, dtype=torch.long, device=device)
-    width = num_blocks * block_size
-    mask = (
-        torch.arange(width, device=device)[None, :] < torch.tensor(lengths, device=device)[:, None]
-    )
-    return DecodeRows(num_rows=len(tables), block_tables=table, mask=mask[:, None, None, :])
+    mask = torch.arange(num_blocks * block_size, device=device)[None, :] < lengths[:, None]
+    return DecodeRows(len(tables), table, mask[:, None, None, :], lengths)

@@ -51,6 +51,9 @@ from dynask.kv.prefix_index import KVCacheDump
 log = logging.getLogger(__name__)
 
 _START_TIMEOUT_S = 900.0
+# Two engines built at once in one worker (two actors) race in transformers' lazy imports
+# ("cannot import name 'AutoTokenizer'"); loading the tokenizer one at a time avoids it.
+_LOADING = threading.Lock()
 _FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH}
 
 
@@ -59,10 +62,11 @@ class VLLMEngine:
 
     def __init__(self, args: VLLMArgs, model: str | None = None) -> None:
         _prefer_unpinned_threads()
-        source = resolve_model(model)  # a .gguf is dequantized once into an HF folder
+        with _LOADING:
+            source = resolve_model(model)  # a .gguf is dequantized once into an HF folder
+            tokenizer_folder = source.folder if args.tokenizer is None else Path(args.tokenizer)
+            self.tokenizer = load_tokenizer(tokenizer_folder)
         self.args = args
-        tokenizer_folder = source.folder if args.tokenizer is None else Path(args.tokenizer)
-        self.tokenizer = load_tokenizer(tokenizer_folder)
         self.kv_events = KVEventLog()
         self._mirror = KVCacheMirror(self.kv_events)
         self._endpoint = f"ipc://{tempfile.gettempdir()}/dynask-vllm-{uuid.uuid4().hex}.ipc"

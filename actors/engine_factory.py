@@ -29,9 +29,10 @@ from dynask.actors.engine.loader import load_tokenizer, resolve_model
 from dynask.actors.engine_protocol import Engine
 from dynask.actors.mocker_engine import MockerConfig, build_mocker_engine
 from dynask.actors.python_engine import PythonEngine, load_generate
+from dynask.actors.vllm_args import VLLMArgs
 
-KINDS = ("torch", "echo", "mocker", "python")
-ENGINE_FORMS = "torch, echo, mocker, python:FILE.py"
+KINDS = ("torch", "vllm", "echo", "mocker", "python")
+ENGINE_FORMS = "torch, vllm, echo, mocker, python:FILE.py"
 
 
 def _config_args(config: type[Any], exclude: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -44,6 +45,7 @@ _KNOWN_ARGS: dict[str, dict[str, Any]] = {
     "echo": {"delay_s": float, "max_model_len": int},
     "mocker": _config_args(MockerConfig),
     "python": {"max_model_len": int},
+    "vllm": _config_args(VLLMArgs),
 }
 
 
@@ -71,6 +73,8 @@ class EngineSpec:
         object.__setattr__(self, "engine_args", dict(self.engine_args))
         for key, value in self.engine_args.items():
             _check_arg(self.kind, key, value)
+        if self.kind == "vllm":
+            VLLMArgs(**self.engine_args)  # value ranges, named, before any worker starts
 
 
 def _check_arg(kind: str, key: str, value: object) -> None:
@@ -124,6 +128,11 @@ def build_engine(spec: EngineSpec) -> Engine:
     """Builds (but does not start) the engine ``spec`` describes."""
     if spec.kind == "torch":
         return LLMEngine(EngineConfig(model=spec.model, **spec.engine_args))
+    if spec.kind == "vllm":
+        # Imported here: vLLM is an optional extra (dynask[vllm]).
+        from dynask.actors.vllm_engine import VLLMEngine
+
+        return VLLMEngine(VLLMArgs(**spec.engine_args), spec.model)
     if spec.kind == "python":
         generate = load_generate(str(spec.python_file))  # a bad file fails before the tokenizer
         return PythonEngine(generate, _tokenizer(spec.model), **spec.engine_args)

@@ -23,6 +23,7 @@ Run it from the repository root (about ten minutes on two cores)::
     .venv/bin/python bench/engine.py            # full run
     .venv/bin/python bench/engine.py --quick    # smoke run: batches 1,8 and 32 new tokens
     .venv/bin/python bench/engine.py --skip-hf  # our engine only
+    .venv/bin/python bench/engine.py --vllm     # and out=vllm on the same prompts
 
 It prints a table and writes JSON to ``bench/results/engine.json`` (``--out`` to change).
 
@@ -43,12 +44,14 @@ import logging
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import engine_cuda
+import engine_vllm
 import torch
 from engine_report import (
     BenchConfig,
@@ -58,8 +61,10 @@ from engine_report import (
     ThroughputRow,
     TTFTResult,
     evaluate_goals,
+    first_divergences,
     format_table,
     machine_facts,
+    matching_rows,
     print_gpu_extras,
     write_json,
 )
@@ -200,9 +205,14 @@ def warm_up(engine: LLMEngine, hf_model: Any | None, prompt_len: int = 32) -> No
 
 
 def measure_batch(
-    engine: LLMEngine, hf_model: Any | None, batch: int, config: BenchConfig
+    engine: LLMEngine,
+    hf_model: Any | None,
+    batch: int,
+    config: BenchConfig,
+    also: Callable[[int, list[list[int]], OursRun, HFRun | None], None] | None = None,
 ) -> ThroughputRow:
-    """Ours, then HF on the same prompts, so both see the machine in the same state.
+    """Ours, then HF on the same prompts, so both see the machine in the same state;
+    then ``also`` (``--vllm``: vLLM) with the prompts and both runs.
 
     Each repeat uses fresh prompts: a repeated prompt would hit our prefix cache.
     """
@@ -214,6 +224,8 @@ def measure_batch(
         ours_runs.append(run_ours(engine, prompts, config.new_tokens))
         if with_hf:
             hf_runs.append(run_hf(hf_model, prompts, config.new_tokens))
+        if also is not None:
+            also(batch, prompts, ours_runs[-1], hf_runs[-1] if with_hf else None)
     return summarize_batch(batch, config.new_tokens, ours_runs, hf_runs)
 
 
@@ -243,26 +255,6 @@ def summarize_batch(
             (r.prefill_phase_s for r in ours_runs if r.prefill_phase_s), default=None
         ),
         first_divergences=first_divergences(ours_runs, hf_runs) if hf_runs else None,
-    )
-
-
-def first_divergences(ours_runs: list[OursRun], hf_runs: list[HFRun]) -> list[int]:
-    """For each row that differs from HF: the index of its first differing token."""
-    found = []
-    for ours_run, hf_run in zip(ours_runs, hf_runs, strict=True):
-        for ours, hf in zip(ours_run.outputs, hf_run.outputs, strict=True):
-            if ours != hf:
-                pairs = enumerate(zip(ours, hf, strict=False))
-                found.append(next((i for i, (a, b) in pairs if a != b), min(len(ours), len(hf))))
-    return found
-
-
-def matching_rows(ours_runs: list[OursRun], hf_runs: list[HFRun]) -> int:
-    """How many rows of greedy output are token for token the same as HF's."""
-    return sum(
-        ours == hf
-        for ours_run, hf_run in zip(ours_runs, hf_runs, strict=True)
-        for ours, hf in zip(ours_run.outputs, hf_run.outputs, strict=True)
     )
 
 
@@ -304,6 +296,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path]:
     parser.add_argument(
         "--gpu-memory-utilization", type=float, default=0.9, help="lower it to leave HF room"
     )
+    parser.add_argument("--vllm", action="store_true", help="also out=vllm (engine_vllm.py)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     batches = args.batches or (QUICK_BATCHES if args.quick else FULL_BATCHES)
@@ -326,6 +319,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path]:
         max_num_seqs=args.max_num_seqs or max(64, *batches),
         max_batched_tokens=args.max_batched_tokens,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        vllm=args.vllm,
     )
     return config, args.out
 
@@ -391,10 +385,11 @@ def main(argv: list[str] | None = None) -> None:
     plan = engine.parts.plan
     extra["kv_cache"] = {"blocks": plan.num_blocks, "gib": plan.gib, "source": plan.budget_source}
     warm_up(engine, hf_model, config.prompt_len if on_gpu else 32)
+    vllm = engine_vllm.VLLMSide(config) if config.vllm else None
     rows = []
     for batch in config.batches:
         print(f"[{time.perf_counter() - started:8.2f}s] batch {batch}", flush=True)
-        rows.append(measure_batch(engine, hf_model, batch, config))
+        rows.append(measure_batch(engine, hf_model, batch, config, also=vllm))
     if on_gpu:
         rows = add_floors(rows, engine, config, extra["copy_bandwidth_gb_s"] * 1e9)
         extra["prefill"] = engine_cuda.measure_prefill(
@@ -409,6 +404,10 @@ def main(argv: list[str] | None = None) -> None:
     print(format_table(rows, ttft, goals, config))
     if on_gpu:
         print_gpu_extras(extra)
+    if vllm is not None:
+        extra["vllm"] = vllm.report(rows)
+        print("\n" + engine_vllm.format_vllm_table(vllm.rows(rows), vllm.start_s))
+        vllm.close()
     report = {
         "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {**facts, "load_average_end": list(os.getloadavg())},

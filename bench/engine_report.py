@@ -31,6 +31,7 @@ class BenchConfig:
     max_num_seqs: int = 64
     max_batched_tokens: int = 2048
     gpu_memory_utilization: float = 0.9
+    vllm: bool = False  # also run out=vllm on the same prompts (engine_vllm.py)
 
 
 @dataclass(frozen=True)
@@ -177,3 +178,23 @@ def print_gpu_extras(extra: dict[str, Any]) -> None:
         print(f"prefill {result['prompt_len']:>5} tokens: {result['tok_s']:>9.0f} tok/s "
               f"({seconds * 1e3:.1f} ms)")  # fmt: skip
     print(f"copy bandwidth {extra['copy_bandwidth_gb_s']:.0f} GB/s; KV cache {extra['kv_cache']}")
+
+
+def first_divergences(ours_runs: list[OursRun], hf_runs: list[HFRun]) -> list[int]:
+    """For each row that differs from HF: the index of its first differing token."""
+    found = []
+    for ours_run, hf_run in zip(ours_runs, hf_runs, strict=True):
+        for ours, hf in zip(ours_run.outputs, hf_run.outputs, strict=True):
+            if ours != hf:
+                pairs = enumerate(zip(ours, hf, strict=False))
+                found.append(next((i for i, (a, b) in pairs if a != b), min(len(ours), len(hf))))
+    return found
+
+
+def matching_rows(ours_runs: list[OursRun], hf_runs: list[HFRun]) -> int:
+    """How many rows of greedy output are token for token the same as HF's."""
+    return sum(
+        ours == hf
+        for ours_run, hf_run in zip(ours_runs, hf_runs, strict=True)
+        for ours, hf in zip(ours_run.outputs, hf_run.outputs, strict=True)
+    )

@@ -17,6 +17,8 @@ serve``, in separate processes; see ``serve_cluster.py``):
   clients. The engine's own TTFT is measured in this process too (``LLMEngine``, same
   prompt length, ``max_tokens=1``), so the control plane's TTFT overhead is
   HTTP TTFT p50 at 1 client minus the engine's TTFT p50.
+* ``vllm`` (only when named in ``--scenarios``): ``out=vllm``, vLLM's CPU build with
+  the same model, at the torch engine's concurrencies and request counts.
 * ``--with-dynamo``: the mocker load against NVIDIA Dynamo's frontend + mocker (the peer
   install in ``../shared/peers/dynamo``), CPU charged to its frontend process. If it
   cannot be installed or started, the reason is printed and the run goes on.
@@ -77,9 +79,10 @@ VENV_BIN = REPO / ".venv" / "bin"
 DEFAULT_OUT = REPO / "bench" / "results" / "serve.json"
 DYNAMO_SCRIPTS = REPO.parent / "shared" / "peers" / "dynamo"
 DYNAMO_SETUP_TIMEOUT_S = 900.0
-SCENARIOS = ("mocker", "torch")
+SCENARIOS = ("mocker", "torch", "vllm")
 MOCKER_ARGS = {"speedup_ratio": 0}  # no simulated model time: the control plane's ceiling
 TORCH_ARGS = {"kv_cache_gib": 1}
+VLLM_ARGS = {"kv_cache_gib": 1}  # out=vllm: vLLM's CPU build, float32, eager
 IDLE_WINDOW_S = 3.0
 ENGINE_THREADS = 1  # the worker runs with --nthreads 1, and its engine gives torch as many
 
@@ -119,7 +122,7 @@ class CpuSample:
 
 def warmup_count(engine: str, concurrency: int) -> int:
     """Enough to open every connection and fill the batch; fewer for the slow torch engine."""
-    return max(concurrency, 2) if engine == "torch" else max(2 * concurrency, 10)
+    return max(concurrency, 2) if engine != "mocker" else max(2 * concurrency, 10)
 
 
 async def measure(
@@ -210,7 +213,7 @@ class BenchRun:
 
     def level(self, target: ServingTarget, engine: str, concurrency: int) -> None:
         """One measured window at one concurrency, with prompts of its own."""
-        requests = self.config.torch_requests if engine == "torch" else self.config.mocker_requests
+        requests = self.config.torch_requests if engine != "mocker" else self.config.mocker_requests
         tag = f"{target.system}-{engine}-c{concurrency}"
         count = warmup_count(engine, concurrency) + requests
         prompts = build_prompts(self.tokenizer, count, self.config.prompt_tokens, tag)
@@ -249,6 +252,15 @@ class BenchRun:
                     _say("  engine TTFT in-process ...")
                     self.engine_ttft = measure_engine_ttft(self.tokenizer, self.config)
                     _say(f"\n  engine TTFT p50 {self.engine_ttft.p50_ms:.1f} ms")
+
+    def vllm(self) -> None:
+        """``out=vllm`` through the same stack, at the torch engine's concurrencies."""
+        stack = dynask_stack(
+            VENV_BIN, "vllm", VLLM_ARGS, self.workdir / "vllm", self.config.ready_timeout_s
+        )
+        with self.started("dynask-vllm", stack) as target:
+            for concurrency in self.config.torch_concurrency:
+                self.level(target, "vllm", concurrency)
 
     def dynamo(self) -> None:
         """The mocker load against Dynamo; on failure, says why and records it."""
@@ -290,7 +302,7 @@ def positive_int(text: str) -> int:
 def parse_args(argv: list[str] | None) -> tuple[BenchConfig, Path]:
     parser = argparse.ArgumentParser(description="Closed-loop streaming load on dynask serve.")
     parser.add_argument("--quick", action="store_true", help="smoke run: small counts")
-    parser.add_argument("--scenarios", default="mocker,torch", help="comma-separated: mocker,torch")
+    parser.add_argument("--scenarios", default="mocker,torch", help="mocker,torch,vllm")
     parser.add_argument("--requests", type=positive_int, help="measured mocker requests per level")
     parser.add_argument("--torch-requests", type=positive_int, help="measured torch requests")
     parser.add_argument("--prompt-tokens", type=positive_int, default=200)
@@ -326,6 +338,8 @@ def run_scenarios(config: BenchConfig, workdir: Path) -> BenchRun:
             run.dynamo()
     if "torch" in config.scenarios:
         run.torch()
+    if "vllm" in config.scenarios:
+        run.vllm()
     return run
 
 

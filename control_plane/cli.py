@@ -1,6 +1,6 @@
 """The ``dynask`` command.
 
-``dynask run [MODEL] [in=http|text|batch:FILE.jsonl] [out=torch|echo|mocker|python:FILE.py]``
+``dynask run [MODEL] [in=http|text|batch:FILE.jsonl] [out=torch|vllm|echo|mocker|python:FILE.py]``
 runs everything embedded; ``dynask serve --scheduler tcp://HOST:8786 [-f deploy.yaml]``
 is the control plane of an existing Dask cluster; ``dynask keys create NAME`` makes an
 API key; ``dynask db upgrade`` migrates the database. NVIDIA Dynamo's ``in=``/``out=``
@@ -126,6 +126,12 @@ def _add_run(run: argparse.ArgumentParser) -> None:
     run.add_argument("--kv-cache-gib", type=float, default=None, help="KV cache size on a CPU")
     run.add_argument("--max-model-len", type=int, default=None)
     run.add_argument("--max-num-seqs", type=int, default=None)
+    run.add_argument("--block-size", type=int, default=None, help="tokens per KV block")
+    run.add_argument("--gpu-memory-utilization", type=float, default=None)
+    run.add_argument("--tensor-parallel-size", type=int, default=None, help="out=vllm")
+    run.add_argument(
+        "--enforce-eager", action="store_const", const=True, default=None, help="out=vllm"
+    )
     run.add_argument("--max-tokens", type=int, default=512, help="per reply (in=text/batch)")
     run.add_argument("--temperature", type=float, default=0.7, help="in=text/batch")
     _add_common(run, require_api_key=False)

@@ -14,8 +14,12 @@ if TYPE_CHECKING:
     from dynask.control_plane.http_server import Extension
 
 IN_MODES = ("http", "text", "batch:FILE.jsonl")
-ENGINE_FORMS = ("torch", "echo", "mocker", "python:FILE.py")
+ENGINE_FORMS = ("torch", "vllm", "echo", "mocker", "python:FILE.py")
 _TORCH_FLAGS = ("device", "dtype", "kv_cache_gib", "max_model_len", "max_num_seqs")
+_ENGINE_FLAGS = (
+    *_TORCH_FLAGS,
+    *("block_size", "gpu_memory_utilization", "tensor_parallel_size", "enforce_eager"),
+)
 
 
 def _check_input(mode: str) -> None:
@@ -30,7 +34,7 @@ def _check_input(mode: str) -> None:
 
 def _engine_args(args: argparse.Namespace, kind: str) -> dict[str, Any]:
     """Only the flags the user set; the engine factory rejects ones its engine lacks."""
-    given = {name: getattr(args, name) for name in _TORCH_FLAGS}
+    given = {name: getattr(args, name, None) for name in _ENGINE_FLAGS}
     given = {k: v for k, v in given.items() if v is not None and v != "auto"}
     return given
 

@@ -36,7 +36,7 @@ from dynask.control_plane.state_sync import BUNDLED_MODEL, stored_plans
 
 log = logging.getLogger(__name__)
 
-DEPLOYABLE_ENGINES = ("torch", "mocker", "echo")
+DEPLOYABLE_ENGINES = ("torch", "vllm", "mocker", "echo")
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 
 

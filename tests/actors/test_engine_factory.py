@@ -36,15 +36,18 @@ def test_parse_engine_accepts_the_valid_forms(text: str, parsed: tuple[str, str 
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("vllm", "engine 'vllm' is not known; valid: torch, echo, mocker, python:FILE.py"),
+        (
+            "sglang",
+            "engine 'sglang' is not known; valid: torch, vllm, echo, mocker, python:FILE.py",
+        ),
         (
             "echo:x.py",
-            "engine 'echo:x.py' is not known; valid: torch, echo, mocker, python:FILE.py",
+            "engine 'echo:x.py' is not known; valid: torch, vllm, echo, mocker, python:FILE.py",
         ),
         (
             "python",
             "engine 'python' names no file; write python:FILE.py "
-            "(valid: torch, echo, mocker, python:FILE.py)",
+            "(valid: torch, vllm, echo, mocker, python:FILE.py)",
         ),
         ("python:", "engine 'python:' names no file; write python:FILE.py"),
     ],

@@ -38,10 +38,18 @@ def test_dynamo_style_arguments_become_flags() -> None:
         ),
         (
             ["run", "out=sglang"],
-            "engine 'sglang' is not known; valid: torch, echo, mocker, python:FILE.py",
+            "engine 'sglang' is not known; valid: torch, vllm, echo, mocker, python:FILE.py",
         ),
         (["run", "in=batch:"], "in=batch: needs a file, e.g. in=batch:prompts.jsonl"),
         (["run", "/no/such/model.gguf"], "model path '/no/such/model.gguf' does not exist"),
+        (
+            ["run", "out=vllm", "--tensor-parallel-size", "0"],
+            "VLLMArgs 'tensor_parallel_size' has value 0; expected an int >= 1",
+        ),
+        (
+            ["run", "out=vllm", "--device", "cuda"],
+            "engine argument 'device' is not known to out=vllm; known: block_size, dtype",
+        ),
     ],
 )
 def test_bad_arguments_say_what_is_wrong(argv: list[str], message: str, capsys) -> None:

@@ -91,7 +91,14 @@ def _create(stack: AdminStack, csrf: str, **changes: str) -> tuple[int, str]:
                 "hub id such as 'HuggingFaceTB/SmolLM2-135M-Instruct'"
             },
         ),
-        ({"engine": "vllm"}, {"engine": "engine 'vllm' is not one of torch, mocker, echo"}),
+        (
+            {"engine": "sglang"},
+            {"engine": "'sglang' is not valid; expected one of torch, vllm, mocker, echo, python"},
+        ),
+        (
+            {"engine": "vllm", "engine_args": '{"tensor_parallel_size": 0}'},
+            {"engine_args": "VLLMArgs 'tensor_parallel_size' has value 0; expected an int >= 1"},
+        ),
         (
             {"role": "router"},
             {"role": "'router' is not valid; expected one of aggregated, prefill, decode"},

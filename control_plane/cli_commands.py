@@ -15,7 +15,17 @@ if TYPE_CHECKING:
 
 IN_MODES = ("http", "text", "batch:FILE.jsonl")
 ENGINE_FORMS = ("torch", "echo", "mocker", "python:FILE.py")
-_TORCH_FLAGS = ("device", "dtype", "kv_cache_gib", "max_model_len", "max_num_seqs")
+_TORCH_FLAGS = (
+    "device",
+    "dtype",
+    "kv_cache_gib",
+    "max_model_len",
+    "max_num_seqs",
+    "kv_host_gb",
+    "kv_disk_gb",
+    "kv_disk_path",
+    "kv_disk_min_uses",
+)
 
 
 def _check_input(mode: str) -> None:

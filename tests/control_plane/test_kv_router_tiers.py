@@ -51,3 +51,23 @@ def test_host_sits_between_device_and_disk_and_beats_a_stranger() -> None:
 def test_tier_weights_are_checked() -> None:
     with pytest.raises(ValueError, match=r"RouterConfig.disk_tier_weight has value 1.5"):
         RouterConfig(disk_tier_weight=1.5)
+
+
+def test_tier_gauges_appear_only_for_the_tiers_an_engine_has() -> None:
+    from dynask.control_plane.metrics import ServingMetrics
+
+    metrics = ServingMetrics()
+    stats = {
+        "host_kv_blocks": 3,
+        "host_kv_capacity_blocks": 12,
+        "host_hit_rate": 0.25,
+        "disk_kv_capacity_blocks": 0,
+        "device_hit_rate": 0.5,
+    }
+    metrics.observe_actor("a", stats)
+    text = metrics.render().decode()
+    assert 'dynask_actor_kv_tier_blocks{actor="a",tier="host"} 3.0' in text
+    assert 'dynask_actor_kv_tier_capacity_blocks{actor="a",tier="host"} 12.0' in text
+    assert 'dynask_actor_kv_tier_hit_rate{actor="a",tier="host"} 0.25' in text
+    assert 'dynask_actor_kv_tier_hit_rate{actor="a",tier="device"} 0.5' in text
+    assert 'tier="disk"' not in text

@@ -8,10 +8,14 @@ Design decisions:
   asynchronously; a plain bounded pool on a CPU-only one.
 - LRU over slots, keyed by the block's sequence hash; a lookup re-checks the tokens, as
   the device cache does, so a hash collision is a miss.
+- Blocks come in by ``store``: slots are found first (evicting), then the caller copies
+  all of them in at once (``copy_in``), straight from the device cache into the buffer:
+  no intermediate tensor, which on a CPU costs more than the copy itself (fresh pages).
 - A block evicted from here is handed to ``spill`` (the disk tier, through
-  ``kv.offload``) before its slot is overwritten. On CUDA the device→host copies are
-  queued without waiting; ``spill`` and ``read`` to the CPU wait for them first, and
-  host→device copies are ordered after them on the same stream.
+  ``kv.offload``) before its slot is overwritten; blocks being read or written are held
+  (``hold``) and never evicted meanwhile. On CUDA the device→host copies are queued
+  without waiting; ``spill`` and ``read`` wait for them first, and host→device copies
+  are ordered after them on the same stream.
 - Not thread-safe: the engine thread owns it.
 """
 
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -29,6 +33,10 @@ from dynask.kv.tier import KVTier
 
 SpillFn = Callable[[CachedBlock, torch.Tensor], None]
 """Receives a block leaving a tier and its KV (valid only during the call)."""
+
+CopyIn = Callable[[list[int], list[int]], None]
+"""Copies KV into host slots: ``copy_in(rows, slots)`` fills ``buffer[slots[i]]`` from the
+caller's ``rows[i]`` (e.g. device blocks straight into the pinned buffer)."""
 
 
 @dataclass(slots=True)
@@ -53,11 +61,13 @@ class HostTier:
         if capacity_blocks < 1:
             raise ValueError(f"HostTier capacity_blocks must be >= 1, got {capacity_blocks!r}")
         self.block_shape = tuple(block_shape)
+        self.pinned = pin_memory
         self.buffer = torch.empty(
             (capacity_blocks, *self.block_shape), dtype=dtype, pin_memory=pin_memory
         )
         self._slots: OrderedDict[SequenceHash, _Slot] = OrderedDict()
         self._free = list(range(capacity_blocks - 1, -1, -1))  # pop() gives slot 0 first
+        self._held: set[SequenceHash] = set()  # never evicted: being read or written
         self._spill: SpillFn | None = None
         self._pending_copy: torch.cuda.Event | None = None
 
@@ -87,36 +97,61 @@ class HostTier:
         """Every block held, least recently used first."""
         return [slot.block for slot in self._slots.values()]
 
-    def write(self, block: CachedBlock, kv: torch.Tensor) -> list[CachedBlock]:
-        """Keeps ``block`` (KV of shape ``block_shape``, on any device); returns evictions.
+    def store(self, blocks: Sequence[CachedBlock], copy_in: CopyIn) -> StoreResult:
+        """Keeps ``blocks``, copying their KV in with one ``copy_in`` call.
 
-        A block already here is only marked as recently used.
+        Blocks already here are only marked as recently used. When every slot is held by
+        blocks being read or stored, the remaining blocks are not kept.
         """
-        if block.block_hash in self._slots:
-            self._slots.move_to_end(block.block_hash)
-            return []
-        evicted = [] if self._free else [self._evict_oldest()]
-        index = self._free.pop()
-        self.buffer[index].copy_(kv, non_blocking=kv.device.type == "cuda")
-        if kv.device.type == "cuda":
-            self._pending_copy = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            self._pending_copy.record(torch.cuda.current_stream(kv.device))
-        self._slots[block.block_hash] = _Slot(index, _as_host(block))
-        return evicted
+        result = StoreResult()
+        rows: list[int] = []
+        slots: list[int] = []
+        for row, block in enumerate(blocks):
+            if block.block_hash in self._slots:
+                self._slots.move_to_end(block.block_hash)
+                continue
+            if not self._free and not self._evict_oldest(result.evicted):
+                break
+            index = self._free.pop()
+            self._slots[block.block_hash] = _Slot(index, _as_host(block))
+            self._held.add(block.block_hash)  # a later block of this call must not evict it
+            result.stored.append(block)
+            rows.append(row)
+            slots.append(index)
+        self._held.difference_update(b.block_hash for b in result.stored)
+        if slots:
+            copy_in(rows, slots)
+            if self.pinned:  # copies from a GPU were queued, not waited for
+                self._pending_copy = torch.cuda.current_stream().record_event()
+        return result
 
-    def read(self, hashes: Sequence[SequenceHash], device: torch.device) -> torch.Tensor:
-        """KV of these blocks, ``[n, *block_shape]`` on ``device``; marks them used."""
-        slots = [self._slots[h] for h in hashes]
+    def write(self, block: CachedBlock, kv: torch.Tensor) -> StoreResult:
+        """``store`` of one block whose KV (``block_shape``, on any device) is ``kv``."""
+
+        def copy_in(_rows: list[int], slots: list[int]) -> None:
+            self.buffer[slots[0]].copy_(kv, non_blocking=self.pinned)
+
+        return self.store([block], copy_in)
+
+    def slots_of(self, hashes: Sequence[SequenceHash]) -> list[int]:
+        """The buffer rows of these blocks (for a copy out); marks them used."""
         for block_hash in hashes:
             self._slots.move_to_end(block_hash)
-        if device.type == "cpu":
-            self._wait_for_copies()
-            index = torch.tensor([slot.index for slot in slots], dtype=torch.long)
-            return self.buffer.index_select(0, index)
-        out = torch.empty((len(slots), *self.block_shape), dtype=self.buffer.dtype, device=device)
-        for row, slot in enumerate(slots):  # one DMA copy per block, from pinned memory
-            out[row].copy_(self.buffer[slot.index], non_blocking=True)
-        return out
+        return [self._slots[h].index for h in hashes]
+
+    def hold(self, hashes: Sequence[SequenceHash]) -> None:
+        """Keeps these blocks from eviction until ``release`` (while they are read)."""
+        self._held.update(hashes)
+
+    def release(self, hashes: Sequence[SequenceHash]) -> None:
+        """Ends ``hold``."""
+        self._held.difference_update(hashes)
+
+    def read(self, hashes: Sequence[SequenceHash]) -> torch.Tensor:
+        """KV of these blocks, ``[n, *block_shape]``, as a new CPU tensor; marks them used."""
+        self._wait_for_copies()
+        index = torch.tensor(self.slots_of(hashes), dtype=torch.long)
+        return self.buffer.index_select(0, index)
 
     def drop(self, block_hash: SequenceHash) -> bool:
         """Forgets a block without spilling it; False if it was not here."""
@@ -126,18 +161,30 @@ class HostTier:
         self._free.append(slot.index)
         return True
 
-    def _evict_oldest(self) -> CachedBlock:
-        _, slot = self._slots.popitem(last=False)
+    def _evict_oldest(self, evicted: list[CachedBlock]) -> bool:
+        victim = next((h for h in self._slots if h not in self._held), None)
+        if victim is None:
+            return False
+        slot = self._slots.pop(victim)
         if self._spill is not None:
             self._wait_for_copies()
             self._spill(slot.block, self.buffer[slot.index])
         self._free.append(slot.index)
-        return slot.block
+        evicted.append(slot.block)
+        return True
 
     def _wait_for_copies(self) -> None:
         if self._pending_copy is not None:
             self._pending_copy.synchronize()
             self._pending_copy = None
+
+
+@dataclass
+class StoreResult:
+    """What one ``store`` did: blocks newly kept, blocks evicted to make room."""
+
+    stored: list[CachedBlock] = field(default_factory=list)
+    evicted: list[CachedBlock] = field(default_factory=list)
 
 
 def _as_host(block: CachedBlock) -> CachedBlock:

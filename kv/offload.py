@@ -11,9 +11,11 @@ Design decisions:
   device cache, not a move): evicting it again costs no copy, and the router's view
   changes only by the device tier gaining it.
 - ``find`` continues a device-cache hit into the lower tiers, block by block, each block
-  from the fastest tier holding it, stopping at the first miss; ``load`` reads those
-  blocks (host first, then disk files, every file checked) and stops at the first one
-  that cannot be read, so a corrupt file shortens the hit and the rest is recomputed.
+  from the fastest tier holding it, stopping at the first miss; ``prepare`` reads the
+  disk files among them (every file checked) and stops at the first one that cannot be
+  read, so a corrupt file shortens the hit and the rest is recomputed; ``place`` then
+  copies them into the device blocks allocated for them, host blocks straight from the
+  host buffer.
 - Every change in a lower tier is a KV event with that tier, on the engine's event log,
   so the router can weigh host and disk hits below device hits.
 - Counters per tier (``TierStats``) give usage and hit rates to the engine's stats.
@@ -33,21 +35,33 @@ from dynask.kv.block_pool import BlockId, CachedBlock
 from dynask.kv.disk_tier import DiskTier
 from dynask.kv.events import BlockRemoved, BlockStored, KVEventLog
 from dynask.kv.hashing import SequenceHash
-from dynask.kv.host_tier import HostTier
+from dynask.kv.host_tier import HostTier, StoreResult
 from dynask.kv.tier import KVTier
 
 
 class DeviceBlocks(Protocol):
-    """The engine's KV cache, block by block (``[n, layers, 2, block_size, heads, dim]``)."""
+    """The engine's KV cache, whole blocks at a time.
+
+    A block's KV is ``[layers, 2, block_size, kv_heads, head_dim]``; ``gather`` and
+    ``scatter`` move ``n`` of them as one ``[n, ...]`` tensor (to and from disk), the
+    ``*_host`` methods copy straight between device blocks and rows of the host tier's
+    buffer.
+    """
 
     @property
     def device(self) -> torch.device: ...
 
     def gather(self, block_ids: list[int]) -> torch.Tensor:
-        """KV of these device blocks, on the device."""
+        """KV of these device blocks, ``[n, ...]`` on the device."""
 
     def scatter(self, block_ids: list[int], kv: torch.Tensor) -> None:
-        """Writes KV (on any device) into these device blocks."""
+        """Writes ``[n, ...]`` KV (on any device) into these device blocks."""
+
+    def save_to_host(self, block_ids: list[int], buffer: torch.Tensor, rows: list[int]) -> None:
+        """Copies device blocks into ``buffer[rows]``."""
+
+    def load_from_host(self, block_ids: list[int], buffer: torch.Tensor, rows: list[int]) -> None:
+        """Copies ``buffer[rows]`` into device blocks."""
 
 
 @dataclass
@@ -63,12 +77,16 @@ class TierStats:
     corrupt_blocks: int = 0  # files that failed a check and were dropped
 
 
-@dataclass(frozen=True)
-class Onboarded:
-    """Blocks read from the lower tiers: their identities and KV, ``[n, *block]``."""
+@dataclass
+class Onboarding:
+    """Lower-tier blocks ready to be placed into device blocks (``KVOffload.prepare``).
 
-    blocks: list[CachedBlock]
-    kv: torch.Tensor | None = None
+    Host blocks are held in the host tier until ``KVOffload.place``; disk blocks were
+    read (and checked) already, their KV is in ``disk_kv`` by position.
+    """
+
+    blocks: list[CachedBlock] = field(default_factory=list)
+    disk_kv: dict[int, torch.Tensor] = field(default_factory=dict)
 
     @property
     def num_blocks(self) -> int:
@@ -132,12 +150,18 @@ class KVOffload:
 
     def on_device_evicted(self, block_ids: list[BlockId], blocks: list[CachedBlock]) -> None:
         """The block pool's eviction listener: keeps the evicted blocks below."""
-        kv = self.device_blocks.gather([int(i) for i in block_ids])
-        for row, block in enumerate(blocks):
-            if self.host is not None:
-                self._store(self.host, block, kv[row])
-            else:
+        ids = [int(i) for i in block_ids]
+        host = self.host
+        if host is None:
+            kv = self.device_blocks.gather(ids)
+            for row, block in enumerate(blocks):
                 self._spill_to_disk(block, kv[row])
+            return
+
+        def copy_in(rows: list[int], slots: list[int]) -> None:
+            self.device_blocks.save_to_host([ids[r] for r in rows], host.buffer, slots)
+
+        self._stored(KVTier.HOST, host.store(blocks, copy_in))
 
     def note_uses(self, hashes: Iterable[SequenceHash]) -> None:
         """Counts one use (computed, or hit in any tier) of each block."""
@@ -145,23 +169,24 @@ class KVOffload:
             self._uses.add(block_hash)
 
     def _spill_to_disk(self, block: CachedBlock, kv: torch.Tensor) -> None:
-        if self.disk is not None and self._uses.get(block.block_hash) >= self.disk_min_uses:
-            self._store(self.disk, block, kv)
+        disk = self.disk
+        if disk is None or self._uses.get(block.block_hash) < self.disk_min_uses:
+            return
+        known = disk.holds(block.block_hash, block.token_ids)
+        evicted = disk.write(block, kv)
+        stored = [block] if not known and disk.holds(block.block_hash, block.token_ids) else []
+        self._stored(KVTier.DISK, StoreResult(stored, evicted))
 
-    def _store(self, tier: HostTier | DiskTier, block: CachedBlock, kv: torch.Tensor) -> None:
-        known = tier.holds(block.block_hash, block.token_ids)
-        evicted = tier.write(block, kv)
-        self._removed(tier.tier, evicted)
-        if not known and tier.holds(block.block_hash, block.token_ids):
-            self._counters[tier.tier].stored += 1
+    def _stored(self, tier: KVTier, result: StoreResult) -> None:
+        counters = self._counters[tier]
+        if result.evicted:
+            counters.evicted += len(result.evicted)
+            self._emit(BlockRemoved(tuple(b.block_hash for b in result.evicted), tier))
+        for block in result.stored:
+            counters.stored += 1
             hashes = (block.block_hash,)
             size = self.block_size
-            self._emit(BlockStored(hashes, block.parent_hash, block.token_ids, size, tier.tier))
-
-    def _removed(self, tier: KVTier, blocks: Sequence[CachedBlock]) -> None:
-        if blocks:
-            self._counters[tier].evicted += len(blocks)
-            self._emit(BlockRemoved(tuple(b.block_hash for b in blocks), tier))
+            self._emit(BlockStored(hashes, block.parent_hash, block.token_ids, size, tier))
 
     # ---- coming back up ---------------------------------------------------------------
 
@@ -174,48 +199,65 @@ class KVOffload:
             tier = self._holder(block_hash, tokens)
             if tier is None:
                 break
-            found.append(CachedBlock(block_hash, None, tuple(tokens), tier.tier))
+            found.append(CachedBlock(block_hash, None, tuple(tokens), tier))
         return found
 
-    def load(self, found: Sequence[CachedBlock]) -> Onboarded:
-        """Reads ``find``'s blocks; stops at the first one that cannot be read."""
-        rows: list[torch.Tensor] = []
-        blocks: list[CachedBlock] = []
-        device = self.device_blocks.device
-        for block in found:
-            kv = self._read(block, device)
-            if kv is None:
-                break
-            rows.append(kv)
-            blocks.append(block)
-            self._counters[block.tier].onboarded += 1
-        if not rows:
-            return Onboarded([])
-        return Onboarded(blocks, torch.stack(rows))
+    def prepare(self, found: Sequence[CachedBlock]) -> Onboarding:
+        """Gets ``find``'s blocks ready to place; stops at the first unreadable one.
 
-    def place(self, block_ids: list[int], onboarded: Onboarded) -> None:
-        """Writes onboarded KV into freshly allocated device blocks."""
-        if onboarded.kv is not None:
-            self.device_blocks.scatter(block_ids, onboarded.kv)
+        Disk blocks are read and checked now, host blocks are held until ``place``, so
+        the device allocation that comes in between (evicting into the host tier) cannot
+        push them out. Call ``place`` afterwards, always.
+        """
+        onboarding = Onboarding()
+        for position, block in enumerate(found):
+            if block.tier is KVTier.DISK:
+                kv = self._read_disk(block)
+                if kv is None:
+                    break
+                onboarding.disk_kv[position] = kv
+            onboarding.blocks.append(block)
+        if self.host is not None:
+            self.host.hold(self._host_hashes(onboarding))
+        return onboarding
 
-    def _holder(
-        self, block_hash: SequenceHash, tokens: Sequence[int]
-    ) -> HostTier | DiskTier | None:
+    def place(self, block_ids: list[int], onboarding: Onboarding) -> None:
+        """Copies a ``prepare``d onboarding into these fresh device blocks, in order."""
+        if len(block_ids) != onboarding.num_blocks:
+            raise ValueError(
+                f"{len(block_ids)} device blocks for {onboarding.num_blocks} onboarded blocks"
+            )
+        host_hashes = self._host_hashes(onboarding)
+        if self.host is not None and host_hashes:
+            host_ids = [
+                block_ids[i] for i, b in enumerate(onboarding.blocks) if b.tier is KVTier.HOST
+            ]
+            slots = self.host.slots_of(host_hashes)
+            self.device_blocks.load_from_host(host_ids, self.host.buffer, slots)
+            self.host.release(host_hashes)
+            self._counters[KVTier.HOST].onboarded += len(host_hashes)
+        if onboarding.disk_kv:
+            disk_ids = [block_ids[i] for i in onboarding.disk_kv]
+            kv = torch.stack(list(onboarding.disk_kv.values()))
+            self.device_blocks.scatter(disk_ids, kv)
+            self._counters[KVTier.DISK].onboarded += len(disk_ids)
+
+    def _host_hashes(self, onboarding: Onboarding) -> list[SequenceHash]:
+        return [b.block_hash for b in onboarding.blocks if b.tier is KVTier.HOST]
+
+    def _holder(self, block_hash: SequenceHash, tokens: Sequence[int]) -> KVTier | None:
         for tier in (self.host, self.disk):
             if tier is not None and tier.holds(block_hash, tokens):
-                return tier
+                return tier.tier
         return None
 
-    def _read(self, block: CachedBlock, device: torch.device) -> torch.Tensor | None:
-        if block.tier is KVTier.HOST and self.host is not None:
-            return self.host.read([block.block_hash], device)[0]
+    def _read_disk(self, block: CachedBlock) -> torch.Tensor | None:
         if self.disk is None:
             return None
         kv = self.disk.read(block.block_hash, block.token_ids)
         if kv is None:
             self._emit(BlockRemoved((block.block_hash,), KVTier.DISK))
-            return None
-        return kv.to(device)
+        return kv
 
     # ---- reporting --------------------------------------------------------------------
 

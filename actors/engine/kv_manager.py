@@ -16,7 +16,7 @@ from dynask.actors.engine.sequence import Sequence
 from dynask.kv.block_pool import Block, BlockPool, CachedBlock
 from dynask.kv.events import KVEventLog
 from dynask.kv.hashing import SequenceHash, chain_hash, local_block_hash
-from dynask.kv.offload import KVOffload, Onboarded
+from dynask.kv.offload import KVOffload, Onboarding
 
 
 @dataclass(frozen=True)
@@ -129,35 +129,36 @@ class KVCacheManager:
         revived = sum(1 for block in hit.blocks if block.ref_cnt == 0)
         if new_blocks > self.pool.num_free_blocks - revived:
             return False
-        # Read the lower tiers first: the allocation below may evict device blocks into
-        # them, and those may push out the very blocks this hit needs.
-        onboarded = self._load_lower(hit)
+        # Prepare the lower tiers' blocks first (disk files read, host blocks held): the
+        # allocation below evicts device blocks into those tiers.
+        onboarding = self._prepare_lower(hit)
         if hit.blocks:
             self.pool.touch(hit.blocks)
             seq.blocks.extend(hit.blocks)
             seq.block_hashes.extend(hit.hashes)
             self._note_uses(hit.hashes)
-        seq.num_computed_tokens += (len(hit.blocks) + onboarded.num_blocks) * self.block_size
-        if new_blocks > 0:
+        seq.num_computed_tokens += (len(hit.blocks) + onboarding.num_blocks) * self.block_size
+        if new_blocks > 0:  # always when onboarding: its blocks are new blocks
             fresh = self.pool.allocate(new_blocks)
             seq.blocks.extend(fresh)
-            self._register_onboarded(seq, fresh[: onboarded.num_blocks], onboarded)
+            self._onboard(seq, fresh[: onboarding.num_blocks], onboarding)
         return True
 
-    def _load_lower(self, hit: PrefixHit) -> Onboarded:
+    def _prepare_lower(self, hit: PrefixHit) -> Onboarding:
         if not hit.lower or self.offload is None:
-            return Onboarded([])
-        return self.offload.load(hit.lower)
+            return Onboarding()
+        return self.offload.prepare(hit.lower)
 
-    def _register_onboarded(self, seq: Sequence, blocks: list[Block], onboarded: Onboarded) -> None:
-        if not blocks or self.offload is None:
+    def _onboard(self, seq: Sequence, blocks: list[Block], onboarding: Onboarding) -> None:
+        """Fills fresh blocks from the lower tiers and caches them as computed."""
+        if not onboarding.blocks or self.offload is None:
             return
-        self.offload.place([int(b.block_id) for b in blocks], onboarded)
-        for block, loaded in zip(blocks, onboarded.blocks, strict=True):
+        self.offload.place([int(b.block_id) for b in blocks], onboarding)
+        for block, loaded in zip(blocks, onboarding.blocks, strict=True):
             parent = seq.block_hashes[-1] if seq.block_hashes else None
             self.pool.cache_block(block, loaded.block_hash, parent, loaded.token_ids)
             seq.block_hashes.append(loaded.block_hash)
-        self._note_uses(b.block_hash for b in onboarded.blocks)
+        self._note_uses(b.block_hash for b in onboarding.blocks)
 
     def _note_uses(self, hashes: Iterable[SequenceHash]) -> None:
         if self.offload is not None:

@@ -41,8 +41,16 @@ class RunnerBlocks:
 
     def gather(self, block_ids: list[int]) -> torch.Tensor:
         ids = torch.tensor(block_ids, dtype=torch.long, device=self.device)
-        per_layer = [torch.stack((k[ids], v[ids]), dim=1) for k, v in self.kv_caches]
-        return torch.stack(per_layer, dim=1)
+        k0 = self.kv_caches[0][0]
+        out = torch.empty(
+            (len(block_ids), len(self.kv_caches), 2, *k0.shape[1:]),
+            dtype=k0.dtype,
+            device=self.device,
+        )
+        for layer, (k_cache, v_cache) in enumerate(self.kv_caches):
+            out[:, layer, 0] = k_cache.index_select(0, ids)
+            out[:, layer, 1] = v_cache.index_select(0, ids)
+        return out
 
     def scatter(self, block_ids: list[int], kv: torch.Tensor) -> None:
         ids = torch.tensor(block_ids, dtype=torch.long, device=self.device)
@@ -50,6 +58,37 @@ class RunnerBlocks:
         for layer, (k_cache, v_cache) in enumerate(self.kv_caches):
             k_cache.index_copy_(0, ids, kv[:, layer, 0])
             v_cache.index_copy_(0, ids, kv[:, layer, 1])
+
+    def save_to_host(self, block_ids: list[int], buffer: torch.Tensor, rows: list[int]) -> None:
+        if self.device.type != "cpu":
+            # One gather on the GPU, then one DMA copy per block into the pinned rows,
+            # queued on the current stream (the host tier waits before reading them).
+            kv = self.gather(block_ids)
+            for position, row in enumerate(rows):
+                buffer[row].copy_(kv[position], non_blocking=True)
+            return
+        # Layer by layer, device blocks straight into the buffer rows: the per-layer
+        # temporaries stay in the CPU cache, and no [n, layers, ...] tensor is made.
+        ids = torch.tensor(block_ids, dtype=torch.long)
+        index = torch.tensor(rows, dtype=torch.long)
+        for layer, (k_cache, v_cache) in enumerate(self.kv_caches):
+            buffer[index, layer, 0] = k_cache.index_select(0, ids)
+            buffer[index, layer, 1] = v_cache.index_select(0, ids)
+
+    def load_from_host(self, block_ids: list[int], buffer: torch.Tensor, rows: list[int]) -> None:
+        ids = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        if self.device.type != "cpu":
+            staged = torch.empty(
+                (len(rows), *buffer.shape[1:]), dtype=buffer.dtype, device=self.device
+            )
+            for position, row in enumerate(rows):  # DMA from pinned memory, queued
+                staged[position].copy_(buffer[row], non_blocking=True)
+            self.scatter(block_ids, staged)
+            return
+        index = torch.tensor(rows, dtype=torch.long)
+        for layer, (k_cache, v_cache) in enumerate(self.kv_caches):
+            k_cache.index_copy_(0, ids, buffer[index, layer, 0])
+            v_cache.index_copy_(0, ids, buffer[index, layer, 1])
 
 
 def block_shape(spec: KVCacheSpec) -> tuple[int, ...]:

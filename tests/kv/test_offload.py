@@ -32,6 +32,12 @@ class TensorBlocks:
     def scatter(self, block_ids: list[int], kv: torch.Tensor) -> None:
         self.kv[block_ids] = kv
 
+    def save_to_host(self, block_ids: list[int], buffer: torch.Tensor, rows: list[int]) -> None:
+        buffer[rows] = self.kv[block_ids]
+
+    def load_from_host(self, block_ids: list[int], buffer: torch.Tensor, rows: list[int]) -> None:
+        self.kv[block_ids] = buffer[rows]
+
 
 class Engine:
     """A block pool whose evictions go to ``offload``, computing one-block prompts."""
@@ -115,11 +121,16 @@ def test_find_and_load_take_each_block_from_its_fastest_tier(tmp_path: Path) -> 
     assert [(int(b.block_hash), b.tier) for b in found] == [(1, KVTier.DISK), (3, KVTier.HOST)]
     assert engine.offload.find([SequenceHash(3)], [(3, 4)]) == []  # same hash, other tokens
 
-    loaded = engine.offload.load(found)
+    onboarding = engine.offload.prepare(found)
+    # Room for them evicts 4 and 5 into the full host tier: 2 makes way for 4, and 3,
+    # held for this onboarding, stays, so 5 finds no slot and is not kept.
+    fresh = engine.pool.allocate(2)
+    engine.offload.place([int(b.block_id) for b in fresh], onboarding)
 
-    assert loaded.kv is not None and loaded.kv.shape == (2, *BLOCK)
-    assert torch.equal(loaded.kv[0], torch.full(BLOCK, 1.0))
-    assert torch.equal(loaded.kv[1], torch.full(BLOCK, 3.0))
+    assert torch.equal(engine.device.kv[fresh[0].block_id], torch.full(BLOCK, 1.0))
+    assert torch.equal(engine.device.kv[fresh[1].block_id], torch.full(BLOCK, 3.0))
+    host = engine.offload.host
+    assert host is not None and hashes(host.blocks()) == [4, 3]  # 3 was just read
     onboarded = {s.tier: s.onboarded_blocks for s in engine.offload.stats()}
     assert onboarded == {KVTier.HOST: 1, KVTier.DISK: 1}
 
@@ -138,9 +149,9 @@ def test_a_corrupt_disk_block_ends_the_load_and_is_dropped(tmp_path: Path) -> No
     path.write_bytes(bytes(data))
 
     found = engine.offload.find([SequenceHash(1)], [(1, 1)])
-    loaded = engine.offload.load(found)
+    onboarding = engine.offload.prepare(found)
 
-    assert loaded.blocks == [] and loaded.kv is None
+    assert onboarding.blocks == [] and onboarding.disk_kv == {}
     assert not path.exists() and hashes(disk.blocks()) == [2, 3] and disk.corrupt_blocks == 1
     assert engine.lower_events() == [("BlockRemoved", (1,), KVTier.DISK)]
     assert engine.offload.find([SequenceHash(1)], [(1, 1)]) == []

@@ -14,11 +14,13 @@ Design decisions:
   any check is deleted and reported as a miss: it is recomputed, never served.
 - LRU by last use; a restart orders the files by modification time, which a read
   refreshes. Eviction deletes files until the new one fits in ``capacity_bytes``.
-- Writes and reads are synchronous, on the engine thread.
+- Writes and reads are synchronous, on the engine thread. A write that fails (disk
+  full) is logged and counted; the block is simply not kept.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -77,6 +79,7 @@ class DiskTier:
         self.folder = Path(folder) / xxhash.xxh3_64_hexdigest(key.encode())
         self.folder.mkdir(parents=True, exist_ok=True)
         self.corrupt_blocks = 0
+        self.failed_writes = 0
         self._files: OrderedDict[SequenceHash, _FileEntry] = OrderedDict()
         self._nbytes = 0
         self._scan()
@@ -120,8 +123,15 @@ class DiskTier:
         while self._files and self._nbytes + len(data) > self.capacity_bytes:
             evicted.append(self._delete_oldest())
         temporary = self.folder / f".tmp-{uuid.uuid4().hex}"
-        temporary.write_bytes(data)
-        os.replace(temporary, self._path(block.block_hash))
+        try:
+            temporary.write_bytes(data)
+            os.replace(temporary, self._path(block.block_hash))
+        except OSError as exc:  # a full or broken disk loses the block, not the request
+            log.warning("cannot write KV block file in %s (%s); block not kept", self.folder, exc)
+            self.failed_writes += 1
+            with contextlib.suppress(OSError):
+                temporary.unlink(missing_ok=True)
+            return evicted
         self._files[block.block_hash] = _FileEntry(_as_disk(block), len(data))
         self._nbytes += len(data)
         return evicted

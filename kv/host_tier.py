@@ -57,11 +57,14 @@ class HostTier:
         dtype: torch.dtype,
         *,
         pin_memory: bool = False,
+        copy_device: torch.device | None = None,
     ) -> None:
+        """``pin_memory`` for copies with the CUDA device ``copy_device`` (its streams)."""
         if capacity_blocks < 1:
             raise ValueError(f"HostTier capacity_blocks must be >= 1, got {capacity_blocks!r}")
         self.block_shape = tuple(block_shape)
         self.pinned = pin_memory
+        self._copy_device = copy_device
         self.buffer = torch.empty(
             (capacity_blocks, *self.block_shape), dtype=dtype, pin_memory=pin_memory
         )
@@ -122,7 +125,8 @@ class HostTier:
         if slots:
             copy_in(rows, slots)
             if self.pinned:  # copies from a GPU were queued, not waited for
-                self._pending_copy = torch.cuda.current_stream().record_event()
+                stream = torch.cuda.current_stream(self._copy_device)
+                self._pending_copy = stream.record_event()
         return result
 
     def write(self, block: CachedBlock, kv: torch.Tensor) -> StoreResult:

@@ -116,12 +116,18 @@ def build_kv_offload(
     host = disk = None
     if config.kv_host_gb > 0:
         capacity = _capacity_blocks(config.kv_host_gb, block_nbytes, "kv_host_gb")
-        pinned = blocks.device.type == "cuda"
-        host = HostTier(capacity, shape, spec.dtype, pin_memory=pinned)
+        cuda = blocks.device if blocks.device.type == "cuda" else None
+        host = HostTier(capacity, shape, spec.dtype, pin_memory=cuda is not None, copy_device=cuda)
     if config.kv_disk_gb > 0:
         folder = Path(config.kv_disk_path) if config.kv_disk_path else cache_dir() / "kv-blocks"
         _capacity_blocks(config.kv_disk_gb, block_nbytes, "kv_disk_gb")
-        disk = DiskTier(folder, int(config.kv_disk_gb * GB), shape, spec.dtype, layout_key)
+        try:
+            disk = DiskTier(folder, int(config.kv_disk_gb * GB), shape, spec.dtype, layout_key)
+        except OSError as exc:
+            raise ValueError(
+                f"EngineConfig 'kv_disk_path' has value {str(folder)!r}, which cannot hold "
+                f"the disk KV tier ({exc}); give a writable folder"
+            ) from exc
     offload = KVOffload(
         blocks,
         spec.block_size,

@@ -102,3 +102,15 @@ def test_a_file_whose_header_claims_other_tokens_is_never_served(tmp_path: Path)
     # Same hash, other tokens (a collision, or a file swapped in): the read checks tokens.
     assert disk.read(SequenceHash(1), (5,) * 4) is None
     assert disk.corrupt_blocks == 1
+
+
+def test_a_failed_write_keeps_nothing_and_raises_nothing(tmp_path: Path) -> None:
+    disk = tier(tmp_path)
+    disk.write(block(1), kv(1))
+    for path in disk.folder.iterdir():
+        path.unlink()
+    disk.folder.rmdir()
+    disk.folder.write_bytes(b"not a folder")  # every write in it now fails
+
+    assert disk.write(block(2), kv(2)) == []
+    assert [b.block_hash for b in disk.blocks()] == [1] and disk.failed_writes == 1

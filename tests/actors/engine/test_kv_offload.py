@@ -89,3 +89,21 @@ def test_a_corrupt_block_file_is_recomputed_not_served(
     stats = restarted.stats()
     assert (stats.disk_hit_tokens, stats.disk_corrupt_blocks) == (32, 1)
     assert not path.exists()
+
+
+def test_an_unusable_disk_path_is_named(tiny_llama_folder: Path, tmp_path: Path) -> None:
+    import pytest
+
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    with pytest.raises(ValueError, match=r"EngineConfig 'kv_disk_path' has value '.*/file'"):
+        small_engine(tiny_llama_folder, **disk_tier(not_a_folder))
+
+
+def test_offload_tiers_need_prefix_caching() -> None:
+    import pytest
+
+    from dynask.actors.engine.config import EngineConfig
+
+    with pytest.raises(ValueError, match=r"'enable_prefix_caching' has value False"):
+        EngineConfig(enable_prefix_caching=False, kv_host_gb=1.0)

@@ -124,6 +124,14 @@ def _add_run(run: argparse.ArgumentParser) -> None:
     run.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     run.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
     run.add_argument("--kv-cache-gib", type=float, default=None, help="KV cache size on a CPU")
+    run.add_argument(
+        "--kv-host-gb", type=float, default=None, help="host-memory KV offload tier (GB; 0: off)"
+    )
+    run.add_argument("--kv-disk-gb", type=float, default=None, help="disk KV tier (GB; 0: off)")
+    run.add_argument("--kv-disk-path", default=None, help="disk KV tier folder")
+    run.add_argument(
+        "--kv-disk-min-uses", type=int, default=None, help="uses before a block goes to disk"
+    )
     run.add_argument("--max-model-len", type=int, default=None)
     run.add_argument("--max-num-seqs", type=int, default=None)
     run.add_argument("--block-size", type=int, default=None, help="tokens per KV block")

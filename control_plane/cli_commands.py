@@ -15,7 +15,17 @@ if TYPE_CHECKING:
 
 IN_MODES = ("http", "text", "batch:FILE.jsonl")
 ENGINE_FORMS = ("torch", "vllm", "echo", "mocker", "python:FILE.py")
-_TORCH_FLAGS = ("device", "dtype", "kv_cache_gib", "max_model_len", "max_num_seqs")
+_TORCH_FLAGS = (
+    "device",
+    "dtype",
+    "kv_cache_gib",
+    "max_model_len",
+    "max_num_seqs",
+    "kv_host_gb",
+    "kv_disk_gb",
+    "kv_disk_path",
+    "kv_disk_min_uses",
+)
 _ENGINE_FLAGS = (
     *_TORCH_FLAGS,
     *("block_size", "gpu_memory_utilization", "tensor_parallel_size", "enforce_eager"),

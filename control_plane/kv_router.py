@@ -22,6 +22,11 @@ Design decisions:
   winner, the chooser's own time) and can be kept in a bounded ``DecisionLog``.
 - The prompt's block hashes are computed by the caller (``kv.hashing``), once per
   request, with the seed the index uses.
+- Offload tiers: with an index that knows where each block is held
+  (``TieredMatchIndex``), a block an actor holds in host memory counts as
+  ``host_tier_weight`` (0.75) of a cached block, one on disk as ``disk_tier_weight``
+  (0.25), as in Dynamo 1.2: loading them back is cheaper than recomputing, dearer than a
+  device hit. ``uncached_blocks`` then is the prompt's blocks minus that credit.
 """
 
 from __future__ import annotations
@@ -33,13 +38,15 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from dynask.control_plane.router import ROUTER_MODES
+from dynask.kv.prefix_index import TierOverlap
 
 KV_MODE = "kv"
 ROUTING_MODES = (KV_MODE, *ROUTER_MODES)
 DEFAULT_LOG_SIZE = 1000
+_NO_OVERLAP = TierOverlap()
 _CANDIDATE_COUNTS = (
     "active_prefill_blocks",
     "active_decode_blocks",
@@ -52,6 +59,13 @@ class MatchIndex(Protocol):
     """A prefix index (``kv.prefix_index.PrefixIndex``, ``kv.approx_index.ApproxIndex``)."""
 
     def find_matches(self, local_hashes: Sequence[int]) -> dict[str, int]: ...
+
+
+@runtime_checkable
+class TieredMatchIndex(Protocol):
+    """A prefix index that also says in which tier each matched block is held."""
+
+    def find_tiered_matches(self, local_hashes: Sequence[int]) -> dict[str, TierOverlap]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,12 +103,16 @@ class CandidateScore:
     decode_blocks: int
     cached_blocks: int
     cost: float
+    host_overlap_blocks: int = 0  # of overlap_blocks, held in host memory
+    disk_overlap_blocks: int = 0  # of overlap_blocks, held on disk
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
         return {
             "actor": self.actor,
             "overlap_blocks": self.overlap_blocks,
+            "host_overlap_blocks": self.host_overlap_blocks,
+            "disk_overlap_blocks": self.disk_overlap_blocks,
             "uncached_blocks": self.uncached_blocks,
             "prefill_blocks": self.prefill_blocks,
             "decode_blocks": self.decode_blocks,
@@ -166,6 +184,8 @@ class RouterConfig:
     overlap_weight: float = 1.0  # w: cost of one block of prefill against one of decode
     temperature: float = 0.0  # 0: deterministic lowest cost
     seed: int | None = None
+    host_tier_weight: float = 0.75  # a host-memory hit, as a fraction of a device hit
+    disk_tier_weight: float = 0.25  # a disk hit, as a fraction of a device hit
 
     def __post_init__(self) -> None:
         if self.mode not in ROUTING_MODES:
@@ -176,6 +196,10 @@ class RouterConfig:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"RouterConfig.{name} has value {value!r}; expected a float >= 0")
+        for name in ("host_tier_weight", "disk_tier_weight"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and 0 <= value <= 1):
+                raise ValueError(f"RouterConfig.{name} has value {value!r}; expected 0..1")
 
 
 class KVRouter:
@@ -228,16 +252,19 @@ class KVRouter:
     def _score(
         self, local_hashes: Sequence[int], candidates: Sequence[Candidate]
     ) -> tuple[CandidateScore, ...]:
-        overlaps: dict[str, int] = {}
-        if self.config.mode == KV_MODE and self.index is not None and local_hashes:
-            overlaps = self.index.find_matches(local_hashes)
+        overlaps = self._overlaps(local_hashes)
         weight, prompt_blocks = self.config.overlap_weight, len(local_hashes)
         scores = []
         for candidate in candidates:
-            overlap = min(overlaps.get(candidate.actor, 0), prompt_blocks)
+            tiers = overlaps.get(candidate.actor, _NO_OVERLAP)
+            overlap = min(tiers.total_blocks, prompt_blocks)
             uncached = prompt_blocks - overlap
+            # Loading from host or disk costs a share of recomputing: that share counts.
+            uncredited = (1 - self.config.host_tier_weight) * tiers.host_blocks + (
+                1 - self.config.disk_tier_weight
+            ) * tiers.disk_blocks
             prefill, decode = candidate.active_prefill_blocks, candidate.active_decode_blocks
-            cost = weight * (uncached + prefill) + decode
+            cost = weight * (uncached + uncredited + prefill) + decode
             scores.append(
                 CandidateScore(
                     candidate.actor,
@@ -247,9 +274,19 @@ class KVRouter:
                     decode,
                     candidate.cached_blocks,
                     cost,
+                    host_overlap_blocks=tiers.host_blocks,
+                    disk_overlap_blocks=tiers.disk_blocks,
                 )
             )
         return tuple(scores)
+
+    def _overlaps(self, local_hashes: Sequence[int]) -> dict[str, TierOverlap]:
+        index = self.index
+        if self.config.mode != KV_MODE or index is None or not local_hashes:
+            return {}
+        if isinstance(index, TieredMatchIndex):
+            return index.find_tiered_matches(local_hashes)
+        return {actor: TierOverlap(n) for actor, n in index.find_matches(local_hashes).items()}
 
     def _pick(self, candidates: Sequence[Candidate], scores: Sequence[CandidateScore]) -> int:
         mode = self.config.mode

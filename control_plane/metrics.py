@@ -57,6 +57,7 @@ class ServingMetrics:
         )
 
         self._add_routing_metrics()
+        self._add_kv_tier_metrics()
         self._prompt_tokens_seen: dict[str, list[int]] = {}  # model -> [prompt, cached]
 
     def _add_routing_metrics(self) -> None:
@@ -106,6 +107,27 @@ class ServingMetrics:
             registry=r,
         )
 
+    def _add_kv_tier_metrics(self) -> None:
+        r = self.registry
+        self.actor_kv_tier_blocks = Gauge(
+            "dynask_actor_kv_tier_blocks",
+            "KV blocks held in an offload tier (host, disk)",
+            ["actor", "tier"],
+            registry=r,
+        )
+        self.actor_kv_tier_capacity = Gauge(
+            "dynask_actor_kv_tier_capacity_blocks",
+            "KV blocks an offload tier can hold",
+            ["actor", "tier"],
+            registry=r,
+        )
+        self.actor_kv_tier_hit_rate = Gauge(
+            "dynask_actor_kv_tier_hit_rate",
+            "Prompt tokens loaded from a tier / prompt tokens looked up",
+            ["actor", "tier"],
+            registry=r,
+        )
+
     def observe_usage(self, model: str, prompt_tokens: int, cached_tokens: int) -> None:
         """A finished request's usage: feeds the KV hit rate."""
         seen = self._prompt_tokens_seen.setdefault(model, [0, 0])
@@ -120,6 +142,13 @@ class ServingMetrics:
         self.actor_waiting.labels(actor).set(stats.get("num_waiting", 0))
         self.actor_kv_usage.labels(actor).set(stats.get("kv_usage", 0.0))
         self.actor_prefix_hit_rate.labels(actor).set(stats.get("prefix_hit_rate", 0.0))
+        self.actor_kv_tier_hit_rate.labels(actor, "device").set(stats.get("device_hit_rate", 0.0))
+        for tier in ("host", "disk"):
+            capacity = stats.get(f"{tier}_kv_capacity_blocks", 0)
+            if capacity:  # only engines with that tier
+                self.actor_kv_tier_capacity.labels(actor, tier).set(capacity)
+                self.actor_kv_tier_blocks.labels(actor, tier).set(stats[f"{tier}_kv_blocks"])
+                self.actor_kv_tier_hit_rate.labels(actor, tier).set(stats[f"{tier}_hit_rate"])
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

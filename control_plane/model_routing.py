@@ -42,7 +42,7 @@ from dynask.control_plane.kv_sync import ActorKVSync
 from dynask.control_plane.metrics import ServingMetrics
 from dynask.kv.approx_index import ApproxIndex
 from dynask.kv.hashing import local_block_hash
-from dynask.kv.prefix_index import PrefixIndex
+from dynask.kv.prefix_index import PrefixIndex, TierOverlap
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +164,14 @@ class ModelRouting:
         matches = self.prefix.find_matches(local_hashes)
         if self._approx_actors:
             matches.update(self.approx.find_matches(local_hashes))
+        return matches
+
+    def find_tiered_matches(self, local_hashes: Sequence[int]) -> dict[str, TierOverlap]:
+        """``find_matches`` by tier (``TieredMatchIndex``); approximate actors count as device."""
+        matches = self.prefix.find_tiered_matches(local_hashes)
+        if self._approx_actors:
+            approx = self.approx.find_matches(local_hashes)
+            matches.update({actor: TierOverlap(blocks) for actor, blocks in approx.items()})
         return matches
 
     def local_hashes(self, prompt_ids: Sequence[int]) -> list[int]:

@@ -15,29 +15,48 @@ Design decisions:
 - Every change to the cache is reported to the optional ``KVEventLog`` so the router can
   mirror it: ``BlockStored`` per registered block, one ``BlockRemoved`` per ``allocate``
   call that evicted, ``AllBlocksCleared`` on reset.
+- An optional eviction listener (``set_eviction_listener``) sees each evicted block's id
+  and identity *before* the block is handed out again, while its KV is still intact: the
+  offload tiers (``kv.offload``) copy it to host memory or disk there.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dynask.kv.block import Block, BlockId
 from dynask.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventLog
 from dynask.kv.free_queue import FreeBlockQueue
 from dynask.kv.hashing import SequenceHash
+from dynask.kv.tier import KVTier
 
-__all__ = ["Block", "BlockId", "BlockPool", "CachedBlock", "NoFreeBlocksError"]
+__all__ = [
+    "Block",
+    "BlockId",
+    "BlockPool",
+    "CachedBlock",
+    "EvictionListener",
+    "NoFreeBlocksError",
+]
 
 
 @dataclass(frozen=True, slots=True)
 class CachedBlock:
-    """What the prefix cache knows of one block: its hash, its parent's, its tokens."""
+    """What the prefix cache knows of one block: its hash, its parent's, its tokens.
+
+    ``tier`` says where it is held (the offload tiers keep these too).
+    """
 
     block_hash: SequenceHash
     parent_hash: SequenceHash | None
     token_ids: tuple[int, ...]
+    tier: KVTier = KVTier.DEVICE
+
+
+EvictionListener = Callable[[list[BlockId], list[CachedBlock]], None]
+"""Called with the ids and identities of blocks evicted by one ``allocate``, before reuse."""
 
 
 class NoFreeBlocksError(RuntimeError):
@@ -78,6 +97,11 @@ class BlockPool:
         self._free_queue = FreeBlockQueue(self._blocks)
         self._cached: dict[SequenceHash, Block] = {}
         self._parent_of: dict[SequenceHash, SequenceHash | None] = {}
+        self._eviction_listener: EvictionListener | None = None
+
+    def set_eviction_listener(self, listener: EvictionListener | None) -> None:
+        """Call ``listener`` with the blocks each ``allocate`` evicts (None: stop)."""
+        self._eviction_listener = listener
 
     @property
     def num_blocks(self) -> int:
@@ -143,7 +167,12 @@ class BlockPool:
             raise NoFreeBlocksError(num_blocks, self.num_free_blocks)
         blocks = [self._free_queue.popleft() for _ in range(num_blocks)]
         # `is not None`, not truthiness: 0 is a valid hash.
-        evicted = [h for h in map(self._evict, blocks) if h is not None]
+        cached = [block for block in blocks if block.block_hash is not None]
+        if cached and self._eviction_listener is not None:
+            self._eviction_listener(
+                [block.block_id for block in cached], [self._identity(b) for b in cached]
+            )
+        evicted = [h for h in map(self._evict, cached) if h is not None]
         if evicted:
             self._emit(BlockRemoved(tuple(evicted)))
         for block in blocks:
@@ -217,10 +246,13 @@ class BlockPool:
         A block may come before its parent (the parent was evicted and cached again) or
         without it (the parent is gone); ``kv.prefix_index.KVCacheDump`` orders them.
         """
-        return [
-            CachedBlock(block_hash, self._parent_of[block_hash], block.token_ids or ())
-            for block_hash, block in self._cached.items()
-        ]
+        return [self._identity(block) for block in self._cached.values()]
+
+    def _identity(self, block: Block) -> CachedBlock:
+        block_hash = block.block_hash
+        if block_hash is None:
+            raise ValueError(f"block {block.block_id} is not cached")
+        return CachedBlock(block_hash, self._parent_of[block_hash], block.token_ids or ())
 
     def _evict(self, block: Block) -> SequenceHash | None:
         block_hash = block.block_hash

@@ -13,6 +13,9 @@ Design decisions:
   per event, and nothing to poll.
 - ``to_dict`` / ``event_from_dict`` give a plain dict (ints, lists, strings, None) that
   survives JSON and msgpack; the ``"type"`` key selects the event.
+- Each event names the memory tier it is about (``kv.tier``): the device cache, host
+  memory or disk. ``"device"`` is the default and is left out of the dict, so events of
+  an engine without offload tiers read exactly as before, both ways.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dynask.kv.hashing import SequenceHash
+from dynask.kv.tier import KVTier, parse_tier
 
 STORED = "stored"
 REMOVED = "removed"
@@ -37,6 +41,7 @@ class BlockStored:
     parent_hash: SequenceHash | None
     token_ids: tuple[int, ...]
     block_size: int
+    tier: KVTier = KVTier.DEVICE
 
     def __post_init__(self) -> None:
         if not self.block_hashes:
@@ -58,6 +63,7 @@ class BlockStored:
             "parent_hash": self.parent_hash,
             "token_ids": list(self.token_ids),
             "block_size": self.block_size,
+            **_tier_entry(self.tier),
         }
 
 
@@ -66,6 +72,7 @@ class BlockRemoved:
     """Blocks left the prefix cache (evicted to make room)."""
 
     block_hashes: tuple[SequenceHash, ...]
+    tier: KVTier = KVTier.DEVICE
 
     def __post_init__(self) -> None:
         if not self.block_hashes:
@@ -73,16 +80,18 @@ class BlockRemoved:
 
     def to_dict(self) -> dict[str, Any]:
         """A plain dict for the wire."""
-        return {"type": REMOVED, "block_hashes": list(self.block_hashes)}
+        return {"type": REMOVED, "block_hashes": list(self.block_hashes), **_tier_entry(self.tier)}
 
 
 @dataclass(frozen=True, slots=True)
 class AllBlocksCleared:
-    """The whole prefix cache was dropped."""
+    """Every block of one tier was dropped (the device tier: the whole prefix cache)."""
+
+    tier: KVTier = KVTier.DEVICE
 
     def to_dict(self) -> dict[str, Any]:
         """A plain dict for the wire."""
-        return {"type": CLEARED}
+        return {"type": CLEARED, **_tier_entry(self.tier)}
 
 
 KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
@@ -121,11 +130,12 @@ def event_from_dict(data: Mapping[str, Any]) -> KVEvent:
             parent_hash=_optional_hash(data, "parent_hash"),
             token_ids=_int_tuple(data, "token_ids"),
             block_size=_int_field(data, "block_size"),
+            tier=_tier_field(data),
         )
     if kind == REMOVED:
-        return BlockRemoved(block_hashes=_hash_tuple(data, "block_hashes"))
+        return BlockRemoved(block_hashes=_hash_tuple(data, "block_hashes"), tier=_tier_field(data))
     if kind == CLEARED:
-        return AllBlocksCleared()
+        return AllBlocksCleared(tier=_tier_field(data))
     raise ValueError(
         f"KV event field 'type' has value {kind!r}; expected one of "
         f"{STORED!r}, {REMOVED!r}, {CLEARED!r}"
@@ -197,3 +207,17 @@ def _optional_hash(data: Mapping[str, Any], name: str) -> SequenceHash | None:
     if data.get(name) is None:
         return None
     return SequenceHash(_int_field(data, name))
+
+
+def _tier_entry(tier: KVTier) -> dict[str, str]:
+    # The device tier is implied, so a tierless consumer or producer sees no change.
+    return {} if tier is KVTier.DEVICE else {"tier": tier.value}
+
+
+def _tier_field(data: Mapping[str, Any]) -> KVTier:
+    if data.get("tier") is None:
+        return KVTier.DEVICE
+    try:
+        return parse_tier(data["tier"])
+    except ValueError as exc:
+        raise ValueError(f"KV event field 'tier': {exc}") from None

@@ -17,6 +17,10 @@ Design decisions:
 - Event ids per actor must arrive as 1, 2, 3, ...: an older id is a duplicate and is
   ignored; a newer one means events were lost, so the event is not applied, the actor is
   flagged and stays flagged until ``resync`` replaces its blocks from a ``KVCacheDump``.
+- Tiers: an event names the tier it is about (device, host, disk; ``kv.tier``). An
+  actor holds a block if any tier holds it; a node counts the actor's sequence hashes
+  per tier, and ``find_tiered_matches`` reports each matched block in its fastest tier,
+  so the router can credit a host or disk hit below a device hit.
 - Pure Python and single-threaded: the control plane's event loop owns the index.
 """
 
@@ -27,7 +31,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from dynask.kv.block_pool import BlockPool
+from dynask.kv.block_pool import BlockPool, CachedBlock
 from dynask.kv.events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -37,8 +41,25 @@ from dynask.kv.events import (
 )
 from dynask.kv.hashing import DEFAULT_SEED, SequenceHash, local_block_hash
 from dynask.kv.radix_tree import RadixNode, RadixTree
+from dynask.kv.tier import TIER_ORDER, KVTier
 
-_Node = RadixNode[int]  # holder value: how many of the actor's sequence hashes point here
+# Holder value: per tier (TIER_ORDER), how many of the actor's sequence hashes point here.
+_Node = RadixNode[list[int]]
+_TIER_INDEX = {tier: position for position, tier in enumerate(TIER_ORDER)}
+
+
+@dataclass(frozen=True, slots=True)
+class TierOverlap:
+    """An actor's contiguous match of a prompt, in blocks, by the fastest tier holding each."""
+
+    device_blocks: int = 0
+    host_blocks: int = 0
+    disk_blocks: int = 0
+
+    @property
+    def total_blocks(self) -> int:
+        """Blocks matched in any tier."""
+        return self.device_blocks + self.host_blocks + self.disk_blocks
 
 
 class ApplyStatus(StrEnum):
@@ -113,32 +134,39 @@ class KVCacheDump:
         return cls(last_event_id=last_event_id, stored=tuple(entries))
 
     @classmethod
-    def from_block_pool(cls, pool: BlockPool, last_event_id: int) -> KVCacheDump:
-        """A dump of ``pool``'s prefix cache, one entry per block, parents first.
+    def from_block_pool(
+        cls, pool: BlockPool, last_event_id: int, lower_tiers: Sequence[CachedBlock] = ()
+    ) -> KVCacheDump:
+        """A dump of ``pool``'s prefix cache and ``lower_tiers``' blocks, parents first.
 
         Call it where no event can be recorded meanwhile (on the engine thread), with the
-        id of the pool's event log at that moment. Blocks whose parent is not cached are
-        left out: matching from the root could never reach them.
+        id of the pool's event log at that moment. Blocks whose parent is held in no tier
+        are left out: matching from the root could never reach them. A block held in two
+        tiers appears once per tier.
         """
-        cached = pool.cached_blocks()
+        cached = [*pool.cached_blocks(), *lower_tiers]
         children: dict[SequenceHash | None, list[int]] = {}
         for position, block in enumerate(cached):
             children.setdefault(block.parent_hash, []).append(position)
         ordered: list[BlockStored] = []
-        stack = list(reversed(children.get(None, [])))
+        stack = list(reversed(children.pop(None, [])))
         while stack:
             block = cached[stack.pop()]
             hashes = (block.block_hash,)
-            ordered.append(BlockStored(hashes, block.parent_hash, block.token_ids, pool.block_size))
-            stack.extend(reversed(children.get(block.block_hash, [])))
+            ordered.append(
+                BlockStored(hashes, block.parent_hash, block.token_ids, pool.block_size, block.tier)
+            )
+            # pop: a hash held in two tiers lists its children once.
+            stack.extend(reversed(children.pop(block.block_hash, [])))
         return cls(last_event_id=last_event_id, stored=tuple(ordered))
 
 
 class _ActorState:
-    __slots__ = ("expected_event_id", "nodes")
+    __slots__ = ("expected_event_id", "nodes", "tiers")
 
     def __init__(self) -> None:
-        self.nodes: dict[SequenceHash, _Node] = {}
+        self.nodes: dict[SequenceHash, _Node] = {}  # every hash held, in any tier
+        self.tiers: dict[SequenceHash, set[KVTier]] = {}
         self.expected_event_id = 1
 
 
@@ -147,7 +175,7 @@ class PrefixIndex:
 
     def __init__(self, seed: int = DEFAULT_SEED) -> None:
         self.seed = seed
-        self._tree: RadixTree[int] = RadixTree()
+        self._tree: RadixTree[list[int]] = RadixTree()
         self._actors: dict[str, _ActorState] = {}
         self._needs_resync: set[str] = set()
 
@@ -166,9 +194,9 @@ class PrefixIndex:
         if isinstance(event, BlockStored):
             self._store(actor, state, event)
         elif isinstance(event, BlockRemoved):
-            self._remove(actor, state, event.block_hashes)
+            self._remove(actor, state, event.block_hashes, event.tier)
         elif isinstance(event, AllBlocksCleared):
-            self._remove(actor, state, list(state.nodes))
+            self._remove(actor, state, list(state.nodes), event.tier)
         else:
             raise ValueError(f"KV event record holds {event!r}; expected a KV event")
         state.expected_event_id = expected + 1
@@ -177,7 +205,7 @@ class PrefixIndex:
     def resync(self, actor: str, dump: KVCacheDump) -> None:
         """Replace all of ``actor``'s blocks with ``dump``'s; expect its next event id."""
         state = self._state(actor)
-        self._remove(actor, state, list(state.nodes))
+        self._remove(actor, state, list(state.nodes), None)
         for entry in dump.stored:
             self._store(actor, state, entry)
         state.expected_event_id = dump.last_event_id + 1
@@ -187,7 +215,7 @@ class PrefixIndex:
         """Forget ``actor`` entirely (it died or left); a no-op for an unknown actor."""
         state = self._actors.pop(actor, None)
         if state is not None:
-            self._remove(actor, state, list(state.nodes))
+            self._remove(actor, state, list(state.nodes), None)
         self._needs_resync.discard(actor)
 
     # ---- queries ----------------------------------------------------------------------
@@ -198,6 +226,25 @@ class PrefixIndex:
         Actors that hold not even the first block are absent (their overlap is 0).
         """
         return self._tree.find_matches(local_hashes)
+
+    def find_tiered_matches(self, local_hashes: Sequence[int]) -> dict[str, TierOverlap]:
+        """``find_matches``, with each matched block counted in the fastest tier holding it."""
+        counts: dict[str, list[int]] = {}
+        node = self._tree.root
+        active: set[str] | None = None
+        for local_hash in local_hashes:
+            child = node.children.get(local_hash)
+            if child is None:
+                break
+            node = child
+            active = set(node.holders) if active is None else active & node.holders.keys()
+            if not active:
+                break
+            for actor in active:
+                per_tier = node.holders[actor]
+                best = next(i for i, count in enumerate(per_tier) if count)
+                counts.setdefault(actor, [0] * len(TIER_ORDER))[best] += 1
+        return {actor: TierOverlap(*tiers) for actor, tiers in counts.items()}
 
     def num_blocks(self, actor: str) -> int:
         """How many blocks (distinct sequence hashes) ``actor`` holds; 0 if unknown."""
@@ -243,27 +290,45 @@ class PrefixIndex:
         for position, block_hash in enumerate(event.block_hashes):
             local = local_block_hash(tokens[position * size : (position + 1) * size], self.seed)
             node = self._tree.child(node, local)
-            self._link(actor, state, block_hash, node)
+            self._link(actor, state, block_hash, node, event.tier)
 
-    def _link(self, actor: str, state: _ActorState, block_hash: SequenceHash, node: _Node) -> None:
+    def _link(
+        self, actor: str, state: _ActorState, block_hash: SequenceHash, node: _Node, tier: KVTier
+    ) -> None:
         old = state.nodes.get(block_hash)
-        if old is node:
+        if old is not None and old is not node:
+            self._remove(actor, state, (block_hash,), None)
+        tiers = state.tiers.setdefault(block_hash, set())
+        if tier in tiers:
             return
-        if old is not None:
-            self._unlink(actor, old)
+        tiers.add(tier)
         state.nodes[block_hash] = node
-        node.holders[actor] = node.holders.get(actor, 0) + 1
+        per_tier = node.holders.setdefault(actor, [0] * len(TIER_ORDER))
+        per_tier[_TIER_INDEX[tier]] += 1
 
-    def _remove(self, actor: str, state: _ActorState, hashes: Iterable[SequenceHash]) -> None:
+    def _remove(
+        self,
+        actor: str,
+        state: _ActorState,
+        hashes: Iterable[SequenceHash],
+        tier: KVTier | None,
+    ) -> None:
+        """Drops ``hashes`` from ``tier`` (None: from every tier)."""
         for block_hash in hashes:
-            node = state.nodes.pop(block_hash, None)
-            if node is not None:
-                self._unlink(actor, node)
+            tiers = state.tiers.get(block_hash)
+            if not tiers:
+                continue
+            node = state.nodes[block_hash]
+            for dropped in set(tiers) if tier is None else tiers & {tier}:
+                tiers.discard(dropped)
+                self._unlink(actor, node, dropped)
+            if not tiers:
+                del state.tiers[block_hash], state.nodes[block_hash]
 
-    def _unlink(self, actor: str, node: _Node) -> None:
-        count = node.holders[actor] - 1
-        if count:
-            node.holders[actor] = count
+    def _unlink(self, actor: str, node: _Node, tier: KVTier) -> None:
+        per_tier = node.holders[actor]
+        per_tier[_TIER_INDEX[tier]] -= 1
+        if any(per_tier):
             return
         del node.holders[actor]
         self._tree.prune(node)

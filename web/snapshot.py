@@ -16,6 +16,15 @@ from dynask.control_plane.service import ServingService
 
 
 @dataclass(frozen=True)
+class TierRow:
+    """One KV offload tier of an engine actor: usage and the share of prompt tokens it served."""
+
+    tier: str  # host | disk
+    usage: float
+    hit_rate: float
+
+
+@dataclass(frozen=True)
 class ActorRow:
     """One engine actor as the overview shows it."""
 
@@ -30,6 +39,7 @@ class ActorRow:
     kv_usage: float | None
     prefix_hit_rate: float | None
     health: str  # ready | broken
+    kv_tiers: tuple[TierRow, ...] = ()  # offload tiers below the KV cache, fastest first
 
 
 @dataclass(frozen=True)
@@ -84,6 +94,18 @@ def actor_rows(service: ServingService, roles: dict[str, str]) -> list[ActorRow]
                     if has_kv and "prefix_hit_rate" in stats
                     else None,
                     health="broken" if handle.broken else "ready",
+                    kv_tiers=tier_rows(stats),
                 )
             )
     return sorted(rows, key=lambda row: row.name)
+
+
+def tier_rows(stats: dict[str, Any]) -> tuple[TierRow, ...]:
+    """The offload tiers an engine's stats report (none for an engine without them)."""
+    rows = []
+    for tier in ("host", "disk"):
+        capacity = int(stats.get(f"{tier}_kv_capacity_blocks", 0))
+        if capacity:
+            used = int(stats.get(f"{tier}_kv_blocks", 0))
+            rows.append(TierRow(tier, used / capacity, float(stats.get(f"{tier}_hit_rate", 0.0))))
+    return tuple(rows)

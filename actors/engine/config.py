@@ -20,6 +20,10 @@ class EngineConfig:
     decode steps of 1 to ``max_num_seqs`` rows at start-up (off: every step runs eagerly).
     ``decode_burst`` runs up to that many greedy decode-only steps back to back with one
     host sync (module ``decode_burst``); 1, the default, turns bursts off.
+    ``kv_host_gb`` / ``kv_disk_gb`` (10^9 bytes; 0 = off) add the offload tiers below the
+    KV cache (``actors.engine.kv_tiers``); disk blocks live under ``kv_disk_path``
+    (default ``$DYNASK_CACHE_DIR/kv-blocks``), and only blocks used at least
+    ``kv_disk_min_uses`` times are written there.
     """
 
     model: str | None = None  # HF folder, .gguf file or hub id; None = bundled SmolLM2
@@ -36,8 +40,13 @@ class EngineConfig:
     cuda_graphs: bool = True  # decode steps replayed from CUDA graphs (CUDA only)
     decode_burst: int = 1  # greedy decode steps per host sync (1: off)
     seed: int = 0
+    kv_host_gb: float = 0.0
+    kv_disk_gb: float = 0.0
+    kv_disk_path: str | None = None
+    kv_disk_min_uses: int = 2
 
     def __post_init__(self) -> None:
+        self._check_offload()
         _check(self.block_size >= 1, "block_size", self.block_size, "an integer >= 1")
         _check(self.kv_cache_gib > 0, "kv_cache_gib", self.kv_cache_gib, "a number > 0")
         _check(
@@ -83,6 +92,24 @@ class EngineConfig:
             self.device,
             "auto, cpu, cuda or cuda:N",
         )
+
+    def _check_offload(self) -> None:
+        _check(self.kv_host_gb >= 0, "kv_host_gb", self.kv_host_gb, "a number >= 0 (0: off)")
+        _check(self.kv_disk_gb >= 0, "kv_disk_gb", self.kv_disk_gb, "a number >= 0 (0: off)")
+        _check(
+            self.kv_disk_min_uses >= 1, "kv_disk_min_uses", self.kv_disk_min_uses, "an integer >= 1"
+        )
+        _check(
+            self.enable_prefix_caching or not self.has_offload_tiers,
+            "enable_prefix_caching",
+            self.enable_prefix_caching,
+            "true when kv_host_gb or kv_disk_gb is set (offload tiers keep cached blocks)",
+        )
+
+    @property
+    def has_offload_tiers(self) -> bool:
+        """Whether a host or disk tier sits below the KV cache."""
+        return self.kv_host_gb > 0 or self.kv_disk_gb > 0
 
     def torch_device(self) -> torch.device:
         if self.device == "auto":

@@ -23,6 +23,7 @@ from dynask.actors.engine.decode_burst import burst_steps
 from dynask.actors.engine.detokenizer import IncrementalDetokenizer
 from dynask.actors.engine.engine_parts import EngineParts, build_engine_parts
 from dynask.actors.engine.kv_manager import PrefixHit
+from dynask.actors.engine.kv_tiers import offload_stats
 from dynask.actors.engine.model_runner import ModelRunner
 from dynask.actors.engine.sampling import SamplingParams, make_generator
 from dynask.actors.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
@@ -129,6 +130,7 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         pool = self.parts.kv_manager.pool
+        tiers = offload_stats(self.parts.kv_manager.offload, pool.block_size)
         return EngineStats(
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
@@ -142,6 +144,7 @@ class LLMEngine:
             num_steps=self._counters["steps"],
             prompt_tokens=self._counters["prompt_tokens"],
             generated_tokens=self._counters["generated_tokens"],
+            **tiers,
         )
 
     @property
@@ -156,8 +159,11 @@ class LLMEngine:
         no event is recorded between reading the cache and reading the event id.
         """
         with self._step_lock:
+            offload = self.parts.kv_manager.offload
             return KVCacheDump.from_block_pool(
-                self.parts.kv_manager.pool, self.kv_events.last_event_id
+                self.parts.kv_manager.pool,
+                self.kv_events.last_event_id,
+                lower_tiers=offload.cached_blocks() if offload is not None else (),
             )
 
     def export_kv(self, block_ids: list[int]) -> torch.Tensor:

@@ -12,6 +12,7 @@ import torch
 from dynask.actors.engine.config import EngineConfig
 from dynask.actors.engine.kv_manager import KVCacheManager
 from dynask.actors.engine.kv_sizing import KVCachePlan, plan_kv_cache
+from dynask.actors.engine.kv_tiers import build_kv_offload
 from dynask.actors.engine.loader import (
     eos_token_ids,
     load_hf_config,
@@ -131,6 +132,9 @@ def assemble_engine_parts(config: EngineConfig, loaded: LoadedModel, started: fl
     kv_manager, event_log = KVCacheManager.build(
         plan.num_blocks, plan.block_size, config.enable_prefix_caching
     )
+    offload = build_kv_offload(config, spec, runner.kv_caches, event_log, loaded.origin)
+    if offload is not None:
+        kv_manager.attach_offload(offload)
     log.info(
         "loaded %s (%s, %d layers) on %s/%s in %.1fs; KV cache %d blocks x %d tokens "
         "= %d tokens (%.2f GiB, %s); max_model_len %d",

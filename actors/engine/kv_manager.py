@@ -2,29 +2,38 @@
 
 A thin layer between the scheduler and the block pool (``dynask.kv.block_pool``): the
 scheduler asks "can this sequence get N more tokens?" and never touches blocks itself.
+With offload tiers (``offload``, a ``kv.offload.KVOffload``), a scheduling lookup
+continues a device-cache hit into host memory and disk, and ``allocate`` loads those
+blocks into fresh device blocks instead of having them recomputed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 from dynask.actors.engine.sequence import Sequence
-from dynask.kv.block_pool import Block, BlockPool
+from dynask.kv.block_pool import Block, BlockPool, CachedBlock
 from dynask.kv.events import KVEventLog
 from dynask.kv.hashing import SequenceHash, chain_hash, local_block_hash
+from dynask.kv.offload import KVOffload, Onboarding
 
 
 @dataclass(frozen=True)
 class PrefixHit:
-    """Leading full blocks of a sequence already in the cache."""
+    """Leading full blocks of a sequence already cached: on the device, then below.
+
+    ``lower`` continues the device hit with blocks held in the host or disk tier, to be
+    loaded when the sequence gets its blocks.
+    """
 
     blocks: list[Block]
     hashes: list[SequenceHash]
+    lower: list[CachedBlock] = field(default_factory=list)
 
     @property
     def num_blocks(self) -> int:
-        return len(self.blocks)
+        return len(self.blocks) + len(self.lower)
 
 
 NO_HIT = PrefixHit([], [])
@@ -36,6 +45,12 @@ class KVCacheManager:
     def __init__(self, pool: BlockPool, block_size: int) -> None:
         self.pool = pool
         self.block_size = block_size
+        self.offload: KVOffload | None = None
+
+    def attach_offload(self, offload: KVOffload) -> None:
+        """Sends evicted blocks to ``offload``'s tiers and looks prefixes up there too."""
+        self.offload = offload
+        self.pool.set_eviction_listener(offload.on_device_evicted)
 
     @classmethod
     def build(
@@ -55,13 +70,22 @@ class KVCacheManager:
         a fully cached prompt reuses all but its last block.
         """
         tokens = seq.token_ids()
-        return self.lookup_tokens(tokens[: len(tokens) - 1], seq.hash_seed)
+        return self.lookup_tokens(tokens[: len(tokens) - 1], seq.hash_seed, lower_tiers=True)
 
-    def lookup_tokens(self, tokens: list[int], seed: int) -> PrefixHit:
-        """Cached blocks for the leading full blocks of ``tokens``."""
+    def lookup_tokens(
+        self, tokens: list[int], seed: int, *, lower_tiers: bool = False
+    ) -> PrefixHit:
+        """Cached blocks for the leading full blocks of ``tokens``.
+
+        Device tier only, unless ``lower_tiers`` (then ``PrefixHit.lower`` continues it).
+        """
         chunks, hashes = self._hash_blocks(tokens, seed, len(tokens) // self.block_size)
         blocks = self.pool.get_cached_blocks(hashes, chunks)
-        return PrefixHit(blocks, hashes[: len(blocks)])
+        hit = len(blocks)
+        lower = []
+        if lower_tiers and self.offload is not None:
+            lower = self.offload.find(hashes[hit:], chunks[hit:])
+        return PrefixHit(blocks, hashes[:hit], lower)
 
     def store_prefix(
         self, tokens: list[int], seed: int, num_blocks: int, write: Callable[[list[int]], None]
@@ -101,18 +125,44 @@ class KVCacheManager:
         """Reserves blocks for ``num_new_tokens`` more tokens (after ``hit``); False if full."""
         computed = seq.num_computed_tokens + hit.num_blocks * self.block_size
         blocks_needed = -(-(computed + num_new_tokens) // self.block_size)
-        new_blocks = blocks_needed - len(seq.blocks) - hit.num_blocks
+        new_blocks = blocks_needed - len(seq.blocks) - len(hit.blocks)  # lower: new blocks too
         revived = sum(1 for block in hit.blocks if block.ref_cnt == 0)
         if new_blocks > self.pool.num_free_blocks - revived:
             return False
-        if hit.num_blocks:
+        # Prepare the lower tiers' blocks first (disk files read, host blocks held): the
+        # allocation below evicts device blocks into those tiers.
+        onboarding = self._prepare_lower(hit)
+        if hit.blocks:
             self.pool.touch(hit.blocks)
             seq.blocks.extend(hit.blocks)
             seq.block_hashes.extend(hit.hashes)
-            seq.num_computed_tokens = computed
-        if new_blocks > 0:
-            seq.blocks.extend(self.pool.allocate(new_blocks))
+            self._note_uses(hit.hashes)
+        seq.num_computed_tokens += (len(hit.blocks) + onboarding.num_blocks) * self.block_size
+        if new_blocks > 0:  # always when onboarding: its blocks are new blocks
+            fresh = self.pool.allocate(new_blocks)
+            seq.blocks.extend(fresh)
+            self._onboard(seq, fresh[: onboarding.num_blocks], onboarding)
         return True
+
+    def _prepare_lower(self, hit: PrefixHit) -> Onboarding:
+        if not hit.lower or self.offload is None:
+            return Onboarding()
+        return self.offload.prepare(hit.lower)
+
+    def _onboard(self, seq: Sequence, blocks: list[Block], onboarding: Onboarding) -> None:
+        """Fills fresh blocks from the lower tiers and caches them as computed."""
+        if not onboarding.blocks or self.offload is None:
+            return
+        self.offload.place([int(b.block_id) for b in blocks], onboarding)
+        for block, loaded in zip(blocks, onboarding.blocks, strict=True):
+            parent = seq.block_hashes[-1] if seq.block_hashes else None
+            self.pool.cache_block(block, loaded.block_hash, parent, loaded.token_ids)
+            seq.block_hashes.append(loaded.block_hash)
+        self._note_uses(b.block_hash for b in onboarding.blocks)
+
+    def _note_uses(self, hashes: Iterable[SequenceHash]) -> None:
+        if self.offload is not None:
+            self.offload.note_uses(hashes)
 
     def cache_full_blocks(self, seq: Sequence) -> None:
         """Registers every block that became full and computed in the prefix cache."""
@@ -127,6 +177,7 @@ class KVCacheManager:
             block_hash = chain_hash(parent, local_block_hash(chunk, seq.hash_seed), seq.hash_seed)
             self.pool.cache_block(seq.blocks[index], block_hash, parent, chunk)
             seq.block_hashes.append(block_hash)
+            self._note_uses((block_hash,))
 
     def free(self, seq: Sequence) -> None:
         """Returns the sequence's blocks, tail first, so shared prefixes are evicted last."""

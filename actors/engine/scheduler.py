@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from dynask.actors.engine.kv_manager import NO_HIT, KVCacheManager, PrefixHit
+from dynask.actors.engine.kv_manager import NO_HIT, KVCacheManager
 from dynask.actors.engine.sequence import FinishReason, Sequence, SequenceStatus
 
 
@@ -110,15 +110,17 @@ class Scheduler:
             num_new = min(seq.num_pending_tokens - cached, budget)
             if not self.kv.allocate(seq, num_new, hit):
                 break
-            self._count_prefix_hit(seq, hit)
+            self._count_prefix_hit(seq)
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             out.chunks.append(ScheduledChunk(seq, num_new))
             budget -= num_new
 
-    def _count_prefix_hit(self, seq: Sequence, hit: PrefixHit) -> None:
-        cached = hit.num_blocks * self.kv.block_size
+    def _count_prefix_hit(self, seq: Sequence) -> None:
+        # What ``allocate`` took from the cache (a lower-tier hit may load short of the
+        # lookup when a block turns out unreadable), so: the tokens now computed.
+        cached = seq.num_computed_tokens
         if seq.num_preemptions == 0:
             seq.num_cached_tokens = cached
             self.prefix_counters.queried_tokens += len(seq.prompt_token_ids)

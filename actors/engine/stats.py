@@ -20,6 +20,14 @@ class EngineStats:
     num_steps: int
     prompt_tokens: int
     generated_tokens: int
+    # Offload tiers (0 when off); hit tokens are prompt tokens loaded from the tier.
+    host_kv_blocks: int = 0
+    host_kv_capacity_blocks: int = 0
+    host_hit_tokens: int = 0
+    disk_kv_blocks: int = 0
+    disk_kv_capacity_blocks: int = 0
+    disk_hit_tokens: int = 0
+    disk_corrupt_blocks: int = 0
 
     @classmethod
     def load_only(
@@ -47,5 +55,16 @@ class EngineStats:
             return 0.0
         return self.prefix_hit_tokens / self.prefix_queried_tokens
 
+    def tier_hit_rate(self, hit_tokens: int) -> float:
+        """A tier's hit tokens over the prompt tokens looked up."""
+        return hit_tokens / self.prefix_queried_tokens if self.prefix_queried_tokens else 0.0
+
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "prefix_hit_rate": self.prefix_hit_rate}
+        device_hits = self.prefix_hit_tokens - self.host_hit_tokens - self.disk_hit_tokens
+        return {
+            **asdict(self),
+            "prefix_hit_rate": self.prefix_hit_rate,
+            "device_hit_rate": self.tier_hit_rate(max(device_hits, 0)),
+            "host_hit_rate": self.tier_hit_rate(self.host_hit_tokens),
+            "disk_hit_rate": self.tier_hit_rate(self.disk_hit_tokens),
+        }

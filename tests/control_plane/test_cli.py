@@ -153,3 +153,12 @@ def test_bad_routing_flags_name_the_flag(flags: list[str], message: str, capsys)
         main(["serve", "--scheduler", "tcp://127.0.0.1:1", *flags])
     assert caught.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_bad_offload_tier_size_names_the_setting(tiny_llama_folder: Path, capsys) -> None:
+    argv = ["run", str(tiny_llama_folder), "in=text", "--kv-host-gb", "-1"]
+    assert main(argv) == 2
+    assert (
+        "dynask: error: EngineConfig 'kv_host_gb' has value -1.0; expected a number >= 0 (0: off)"
+        in capsys.readouterr().err
+    )

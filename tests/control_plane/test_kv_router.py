@@ -71,6 +71,8 @@ def test_the_cost_terms_of_a_hand_computed_example() -> None:
             {
                 "actor": "a",
                 "overlap_blocks": 3,
+                "host_overlap_blocks": 0,
+                "disk_overlap_blocks": 0,
                 "uncached_blocks": 1,
                 "prefill_blocks": 2,
                 "decode_blocks": 5,
@@ -80,6 +82,8 @@ def test_the_cost_terms_of_a_hand_computed_example() -> None:
             {
                 "actor": "b",
                 "overlap_blocks": 0,
+                "host_overlap_blocks": 0,
+                "disk_overlap_blocks": 0,
                 "uncached_blocks": 4,
                 "prefill_blocks": 0,
                 "decode_blocks": 1,

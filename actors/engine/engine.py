@@ -13,15 +13,15 @@ import logging
 import queue
 import threading
 import uuid
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import torch
 
 from dynask.actors.engine.config import EngineConfig
 from dynask.actors.engine.detokenizer import IncrementalDetokenizer
 from dynask.actors.engine.engine_parts import EngineParts, build_engine_parts
-from dynask.actors.engine.kv_manager import PrefixHit
+from dynask.actors.engine.kv_manager import KVCacheManager, PrefixHit
 from dynask.actors.engine.sampling import SamplingParams, make_generator
 from dynask.actors.engine.scheduler import Scheduler, SchedulerConfig
 from dynask.actors.engine.sequence import (
@@ -38,6 +38,8 @@ from dynask.kv.hashing import hash_seed
 from dynask.kv.prefix_index import KVCacheDump
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class LLMEngine:
@@ -185,6 +187,12 @@ class LLMEngine:
                 kv.shape[2],
                 lambda ids: self.parts.runner.import_blocks(ids, kv),
             )
+
+    def with_kv_blocks(self, action: Callable[[KVCacheManager], T]) -> T:
+        """Runs ``action`` on the KV cache manager under the step lock, so the engine
+        thread never sees a half-made change (KV hand-off between actors uses it)."""
+        with self._step_lock:
+            return action(self.parts.kv_manager)
 
     # ---- the engine thread ------------------------------------------------------------
 

@@ -193,3 +193,49 @@ def test_transfer_cut_mid_way_falls_back_and_completes(mockers: list[LLMEngine])
     stats = asyncio.run(main())
     assert stats == {"fallback_transfer_error": 1, "pending_imports": 0}
     assert all_blocks_free(decode_engine)
+
+
+def test_kv_that_never_comes_times_out_into_a_local_prefill(mockers: list[LLMEngine]) -> None:
+    prefill_engine, decode_engine = mockers
+    prompt = list(range(500, 530))
+
+    async def main() -> dict[str, int]:
+        async with pair(prefill_engine, decode_engine) as (_, decode):
+            done = asyncio.get_running_loop().create_future()
+
+            def listen(batch: list[Any]) -> None:
+                for output in batch:
+                    if output.request_id == "slow" and output.finished:
+                        done.get_loop().call_soon_threadsafe(done.set_result, output)
+
+            decode.engine.add_output_listener(listen)
+            assert await decode.prepare_import("slow", prompt, GREEDY, timeout_s=0.2) is not None
+            final = await asyncio.wait_for(done, timeout=30)
+            assert final.usage.completion_tokens == GREEDY.max_tokens
+            return decode.stats()
+
+    assert asyncio.run(main()) == {"fallback_timeout": 1, "pending_imports": 0}
+    assert all_blocks_free(decode_engine)
+
+
+def test_client_gone_during_transfer_frees_both_sides(mockers: list[LLMEngine]) -> None:
+    """The decode side releases its reservation at once and never queues the request; the
+    prefill still runs to the end and sends (into nothing), and frees its blocks after."""
+    prefill_engine, decode_engine = mockers
+    prompt = list(range(600, 641))
+
+    async def main() -> tuple[dict[str, int], dict[str, int]]:
+        async with pair(prefill_engine, decode_engine) as (prefill, decode):
+            ticket = await decode.prepare_import("gone", prompt, GREEDY, timeout_s=30)
+            assert ticket is not None
+            decode.abort_import("gone")
+            assert await prefill.prefill_and_send(ticket, prompt, GREEDY) == 10
+            while decode.stats()["pending_imports"]:
+                await asyncio.sleep(0.01)
+            return prefill.stats(), decode.stats()
+
+    sent, received = asyncio.run(main())
+    assert sent == {"transfers_sent": 1, "blocks_sent": 10, "pending_imports": 0}
+    assert received == {"fallback_aborted": 1, "pending_imports": 0}
+    assert decode_engine.stats().num_running == decode_engine.stats().num_waiting == 0
+    assert all_blocks_free(prefill_engine) and all_blocks_free(decode_engine)

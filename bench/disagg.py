@@ -3,11 +3,12 @@
 1. KV transfer bandwidth between two processes, our ``tcp`` and ``ucxx`` transports
    against a blocking raw socket (``disagg_transfer.py``), 16–256 MiB of KV blocks.
    Goal: CPU transfer at least 80% of the raw socket.
-2. TTFT, ITL and goodput, aggregated (2 aggregated actors) against disaggregated
-   (1 prefill + 1 decode actor) at equal actor count, on a mixed long/short-prompt
-   workload (``disagg_serving.py``), with mocker actors (the mocker's GPU-like timing
-   model at real time; the KV wire time simulated from bytes per block and a bandwidth)
-   and with built-in engines serving the bundled SmolLM2-135M on this CPU.
+2. TTFT, ITL and goodput, aggregated against disaggregated at equal actor count, on a
+   mixed long/short-prompt workload (``disagg_serving.py``): 4 mocker actors (the
+   mocker's GPU-like timing model at real time; the KV wire time simulated from the
+   bytes of a Llama-3-8B block and ``--sim-gbps``), 4 aggregated against 2 prefill + 2
+   decode; and 2 built-in engines serving the bundled SmolLM2-135M on this CPU, 2
+   aggregated against 1 prefill + 1 decode.
    Goal: disaggregated goodput above aggregated on the long-prompt mix.
 
 Part 3 (GPU to GPU through UCXX against torch peer copy) is ``bench/disagg_gpu.py``.
@@ -25,12 +26,12 @@ import argparse
 import asyncio
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from disagg_serving import ModeRow, Workload, run_mode
+from disagg_serving import ModeRow, Workload, mode_roles, run_mode
 from disagg_transfer import measure
 
 from dynask.actors.engine_factory import EngineSpec
@@ -40,24 +41,26 @@ LLAMA_8B_BLOCK_BYTES = 32 * 2 * 8 * 128 * 2 * 16  # layers·(K,V)·kv_heads·hea
 
 WORKLOADS = {
     "mocker": Workload(
-        requests=160,
-        rate=6.0,
+        requests=240,
+        rate=10.0,
         long_fraction=0.3,
         long_tokens=4096,
         short_tokens=256,
         max_tokens=128,
         ttft_target_s=1.0,
         itl_target_s=0.030,
+        stall_target_s=0.100,
     ),
     "torch": Workload(
-        requests=16,
+        requests=24,
         rate=0.4,
-        long_fraction=0.4,
+        long_fraction=0.5,
         long_tokens=512,
         short_tokens=32,
         max_tokens=32,
         ttft_target_s=4.0,
         itl_target_s=0.150,
+        stall_target_s=0.500,
     ),
 }
 
@@ -91,6 +94,12 @@ def main() -> int:
 async def _serving(scenario: str, args: argparse.Namespace) -> list[ModeRow]:
     workload = WORKLOADS[scenario]
     if scenario == "mocker":
+        workload = replace(
+            workload,
+            rate=args.mocker_rate or workload.rate,
+            requests=args.mocker_requests or workload.requests,
+        )
+    if scenario == "mocker":
         ms_per_block = LLAMA_8B_BLOCK_BYTES / (args.sim_gbps * 1e9) * 1000
         engine_args = {"speedup_ratio": 1.0, "kv_transfer_ms_per_block": ms_per_block}
         spec = EngineSpec(kind="mocker", model=None, engine_args=engine_args)
@@ -98,8 +107,9 @@ async def _serving(scenario: str, args: argparse.Namespace) -> list[ModeRow]:
     else:
         spec = EngineSpec(kind="torch", model=None, engine_args={"kv_cache_gib": 0.25})
         disagg = DisaggOptions(min_remote_prefill_tokens=128)
+    actors, prefill = (args.mocker_actors, args.mocker_prefill) if scenario == "mocker" else (2, 1)
     return [
-        await run_mode(scenario, mode, spec, workload, disagg)
+        await run_mode(scenario, mode, mode_roles(mode, actors, prefill), spec, workload, disagg)
         for mode in ("aggregated", "disaggregated")
     ]
 
@@ -107,27 +117,27 @@ async def _serving(scenario: str, args: argparse.Namespace) -> list[ModeRow]:
 def _print_transfer(rows: list[Any]) -> None:
     print("\nKV transfer bandwidth, two processes on this machine (GB/s, median of repeats)")
     print(f"{'MiB':>5} {'transport':<11} {'GB/s':>7} {'best':>7} {'vs raw':>7}")
-    raw = {r.size_mib: r.gbps_median for r in rows if r.transport == "raw socket"}
     for r in rows:
-        ratio = r.gbps_median / raw[r.size_mib]
         print(
             f"{r.size_mib:>5} {r.transport:<11} {r.gbps_median:>7.2f} {r.gbps_best:>7.2f} "
-            f"{ratio:>7.2f}"
+            f"{r.ratio_to_baseline:>7.2f}"
         )
 
 
 def _print_serving(rows: list[ModeRow]) -> None:
     print(
-        f"\n{'scenario':<8} {'mode':<14} {'req':>4} {'TTFT p50':>9} {'TTFT p99':>9} "
-        f"{'ITL p50':>8} {'ITL p99':>8} {'max gap':>8} {'req/s':>6} {'goodput':>8}  remote"
+        f"\n{'scenario':<8} {'actors':<22} {'req':>4} {'TTFT p50':>9} {'TTFT p99':>9} "
+        f"{'ITL p50':>8} {'ITL p99':>8} {'max gap':>8} {'req/s':>6} {'goodput':>8} "
+        f"{'no-stall':>8}  remote/busy"
     )
     for r in rows:
         print(
-            f"{r.scenario:<8} {r.mode:<14} {r.requests:>4} {r.ttft_p50_ms:>9.0f} "
+            f"{r.scenario:<8} {r.roles:<22} {r.requests:>4} {r.ttft_p50_ms:>9.0f} "
             f"{r.ttft_p99_ms:>9.0f} {r.itl_p50_ms:>8.1f} {r.itl_p99_ms:>8.1f} "
             f"{r.max_gap_p50_ms:>8.0f} "
-            f"{r.throughput_rps:>6.2f} {r.goodput_rps:>8.2f}  "
-            f"{r.disagg_counters.get('remote_prefills', 0)}"
+            f"{r.throughput_rps:>6.2f} {r.goodput_rps:>8.2f} {r.goodput_no_stall_rps:>8.2f}  "
+            f"{r.disagg_counters.get('remote_prefills', 0)}/"
+            f"{r.disagg_counters.get('local_prefill_busy', 0)}"
         )
 
 
@@ -144,11 +154,15 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--parts", default="transfer,serving")
     parser.add_argument("--sizes", default="16,64,256", help="MiB per transfer")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--scenarios", default="mocker,torch")
     parser.add_argument(
         "--sim-gbps", type=float, default=25.0, help="mocker: simulated KV bandwidth, GB/s"
     )
+    parser.add_argument("--mocker-actors", type=int, default=4, help="actors per mode")
+    parser.add_argument("--mocker-prefill", type=int, default=2, help="of them prefill")
+    parser.add_argument("--mocker-rate", type=float, default=None, help="arrivals/s")
+    parser.add_argument("--mocker-requests", type=int, default=None)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "disagg.json"))
     return parser
 

@@ -1,9 +1,9 @@
 """TTFT, ITL and goodput, aggregated against disaggregated at equal actor count, on a mixed
 long-prompt/short-prompt workload (part 2 of ``bench/disagg.py``).
 
-Each mode gets a fresh local Dask cluster of two worker processes (one engine actor
-each, one thread each): ``aggregated`` = two aggregated actors routed KV-aware;
-``disaggregated`` = one prefill actor and one decode actor. The control plane is this
+Each mode gets a fresh local Dask cluster, one worker process (one thread) per engine
+actor: ``aggregated`` = N aggregated actors routed KV-aware; ``disaggregated`` = P
+prefill actors and N - P decode actors. The control plane is this
 process: a ``ServingService`` over the actors, driven through ``route``/``generate``
 (the HTTP layer is left out so the client costs no CPU; it is the same in both modes).
 
@@ -11,8 +11,9 @@ Requests arrive as a Poisson process at ``rate`` per second; ``long_fraction`` o
 have ``long_tokens`` prompt tokens, the rest ``short_tokens``; each asks for
 ``max_tokens`` tokens with EOS ignored. Per request: TTFT (routed → first token) and the
 mean inter-token latency after it (and the longest gap, where a prefill stalled the
-decode). Goodput: requests per second of the run that met
-both the TTFT and the ITL target.
+decode). Goodput: requests per second of the run that met both the TTFT and the mean-ITL
+target (DistServe's definition); "no-stall" goodput: the TTFT target and no gap longer
+than the stall target.
 """
 
 from __future__ import annotations
@@ -35,7 +36,14 @@ from dynask.control_plane.metrics import ServingMetrics
 from dynask.control_plane.service import PreparedRequest, ServingService
 
 MODEL = "m"
-MODES = {"aggregated": ["aggregated", "aggregated"], "disaggregated": ["prefill", "decode"]}
+
+
+def mode_roles(mode: str, actors: int, prefill_actors: int) -> list[str]:
+    """The roles of ``actors`` actors: all aggregated, or ``prefill_actors`` prefill and
+    the rest decode."""
+    if mode == "aggregated":
+        return ["aggregated"] * actors
+    return ["prefill"] * prefill_actors + ["decode"] * (actors - prefill_actors)
 
 
 @dataclass(frozen=True)
@@ -48,6 +56,7 @@ class Workload:
     max_tokens: int
     ttft_target_s: float
     itl_target_s: float
+    stall_target_s: float  # the longest gap a smooth stream may have
     seed: int = 0
 
     def prompts(self) -> list[tuple[float, list[int]]]:
@@ -73,6 +82,7 @@ class RequestRecord:
 class ModeRow:
     scenario: str
     mode: str
+    roles: str  # e.g. "1 prefill + 3 decode"
     requests: int
     duration_s: float
     ttft_p50_ms: float
@@ -80,16 +90,21 @@ class ModeRow:
     itl_p50_ms: float
     itl_p99_ms: float
     max_gap_p50_ms: float
-    goodput_rps: float
+    goodput_rps: float  # met the TTFT and the mean-ITL target
+    goodput_no_stall_rps: float  # met the TTFT target and no gap beyond the stall target
     throughput_rps: float
     met_slo: int
     disagg_counters: dict[str, int] = field(default_factory=dict)
 
 
 async def run_mode(
-    scenario: str, mode: str, spec: EngineSpec, workload: Workload, disagg: DisaggOptions
+    scenario: str,
+    mode: str,
+    roles: list[str],
+    spec: EngineSpec,
+    workload: Workload,
+    disagg: DisaggOptions,
 ) -> ModeRow:
-    roles = MODES[mode]
     async with (
         LocalCluster(
             n_workers=len(roles),
@@ -121,7 +136,9 @@ async def run_mode(
                 await handle.close()
             for proxy in proxies:
                 await proxy.stop()
-    return _row(scenario, mode, records, duration, workload, dict(service.disagg.counters))
+    row = _row(scenario, mode, records, duration, workload, dict(service.disagg.counters))
+    row.roles = " + ".join(f"{roles.count(r)} {r}" for r in dict.fromkeys(roles))
+    return row
 
 
 async def _connect(
@@ -179,9 +196,15 @@ def _row(
         for r in records
         if r.ttft_s <= workload.ttft_target_s and r.itl_s <= workload.itl_target_s
     )
+    smooth = sum(
+        1
+        for r in records
+        if r.ttft_s <= workload.ttft_target_s and r.max_gap_s <= workload.stall_target_s
+    )
     return ModeRow(
         scenario=scenario,
         mode=mode,
+        roles="",
         requests=len(records),
         duration_s=duration,
         ttft_p50_ms=1000 * statistics.median(ttfts),
@@ -190,6 +213,7 @@ def _row(
         itl_p99_ms=1000 * _p99(itls),
         max_gap_p50_ms=1000 * statistics.median(r.max_gap_s for r in records),
         goodput_rps=met / duration,
+        goodput_no_stall_rps=smooth / duration,
         throughput_rps=len(records) / duration,
         met_slo=met,
         disagg_counters=counters,

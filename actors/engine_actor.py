@@ -19,6 +19,7 @@ from typing import Any
 from dynask.actors.engine.sampling import SamplingParams
 from dynask.actors.engine_factory import EngineSpec, build_engine
 from dynask.actors.engine_protocol import Engine, KVCacheEngine
+from dynask.actors.kv_transfer_actor import KVTransferMethods
 from dynask.actors.malloc_tuning import keep_tensor_memory
 from dynask.actors.token_stream import (
     TokenStreamServer,
@@ -34,8 +35,9 @@ class EngineNotStartedError(RuntimeError):
     """An actor method needs ``start()`` to have finished first."""
 
 
-class EngineActor:
-    """Holds an engine and its token stream inside a Dask worker."""
+class EngineActor(KVTransferMethods):
+    """Holds an engine and its token stream inside a Dask worker (and, with a prefill or
+    decode role, a KV transfer listener: ``kv_transfer_actor``)."""
 
     def __init__(self, spec: EngineSpec, name: str) -> None:
         self.spec = spec
@@ -43,6 +45,7 @@ class EngineActor:
         self._engine: Engine | None = None
         self._stream: TokenStreamServer | None = None
         self._info: dict[str, Any] | None = None
+        self._kv_transfer = None
 
     async def start(self) -> dict[str, Any]:
         """Loads the engine (in a thread), opens the token stream; returns the actor's info."""
@@ -99,6 +102,7 @@ class EngineActor:
         return errors
 
     async def abort(self, request_id: str) -> None:
+        self._abort_remote_prefill(request_id)
         self._running().abort(request_id)
 
     async def stats(self) -> dict[str, Any]:
@@ -120,6 +124,7 @@ class EngineActor:
         return {"name": self.name, "started": self._engine is not None}
 
     async def stop(self) -> None:
+        await self._close_kv_transfer()
         if self._engine is not None:
             await asyncio.to_thread(self._engine.shutdown)
         if self._stream is not None:

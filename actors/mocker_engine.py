@@ -65,6 +65,9 @@ class MockerConfig:
     eos_probability: float = 0.0
     vocab_size: int | None = None
     seed: int = 0
+    # Disaggregation: the wire time of one exported block (KV bytes per block / bandwidth),
+    # slept after each export outside the engine's lock, as the transfer would take.
+    kv_transfer_ms_per_block: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("num_kv_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -82,6 +85,7 @@ class MockerConfig:
             "prefill_quadratic_ms",
             "decode_ms_base",
             "decode_ms_per_active_block",
+            "kv_transfer_ms_per_block",
         ):
             value = getattr(self, name)
             _check(math.isfinite(value) and value >= 0, name, value, "a finite number >= 0")
@@ -221,6 +225,16 @@ class MockerEngine(LLMEngine):
         self.runner = SimulatedRunner(config, vocab_size, eos)
         parts = _mocker_parts(config, tokenizer, self.runner)
         super().__init__(_engine_config(config), parts)
+
+    def export_kv(self, block_ids: list[int]) -> torch.Tensor:
+        """Zeros of the nominal shape, after the simulated wire time of the blocks (slept
+        outside the step lock, so the engine keeps stepping meanwhile)."""
+        kv = super().export_kv(block_ids)
+        ms = self.mocker_config.kv_transfer_ms_per_block * len(block_ids)
+        seconds = sleep_seconds(self.mocker_config, ms)
+        if seconds > 0:
+            time.sleep(seconds)
+        return kv
 
 
 def build_mocker_engine(config: MockerConfig, tokenizer: Any) -> MockerEngine:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -54,6 +54,7 @@ class ActorHandle:
     info: dict[str, Any]
     stats: dict[str, Any] = field(default_factory=dict)
     listener: StreamListener | None = None
+    role: str = "aggregated"  # or "prefill" / "decode" (disagg_orchestrator)
     load: ActorLoad = field(init=False)
     _queues: dict[str, asyncio.Queue[RequestOutput | None]] = field(default_factory=dict)
     _reader_task: asyncio.Task[None] | None = None
@@ -110,7 +111,11 @@ class ActorHandle:
             self.listener.on_stream_closed()
 
     async def generate(
-        self, request_id: str, prompt: list[int], params: dict[str, Any]
+        self,
+        request_id: str,
+        prompt: list[int],
+        params: dict[str, Any],
+        submit: Callable[[bytes], Awaitable[None]] | None = None,
     ) -> AsyncIterator[list[RequestOutput]]:
         """Submits a request and yields its deltas, in order, until the final one.
 
@@ -119,7 +124,8 @@ class ActorHandle:
         go (one SSE write, not one per token) spends much less CPU per request.
 
         The request counts in ``load`` until it ends: from ``reserve`` (the router's
-        choice) if it was reserved, else from here.
+        choice) if it was reserved, else from here. ``submit`` replaces the batched
+        submission (``DisaggOrchestrator.submitter`` hands a disaggregated request over).
         """
         if self.broken:
             self.load.release(request_id)
@@ -131,7 +137,11 @@ class ActorHandle:
         finished = False
         submitted: asyncio.Future[None] | None = None
         try:
-            submitted = self._batcher.submit(pack_request(request_id, prompt, params))
+            packed = pack_request(request_id, prompt, params)
+            if submit is None:
+                submitted = self._batcher.submit(packed)
+            else:
+                submitted = asyncio.ensure_future(submit(packed))
             await asyncio.shield(submitted)  # a cancelled caller still learns if it went out
             while not finished:
                 batch = [await queue.get()]

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from dynask.control_plane.cli_commands import ENGINE_FORMS, IN_MODES, run_command, serve_command
+from dynask.control_plane.cli_disagg import add_disagg_arguments
 from dynask.control_plane.cli_keys import add_keys_parser, keys_command
 from dynask.control_plane.kv_router import KV_MODE, ROUTING_MODES
 
@@ -143,12 +144,14 @@ def _add_run(run: argparse.ArgumentParser) -> None:
     run.add_argument("--max-tokens", type=int, default=512, help="per reply (in=text/batch)")
     run.add_argument("--temperature", type=float, default=0.7, help="in=text/batch")
     _add_common(run, require_api_key=False)
+    add_disagg_arguments(run, embedded=True)
 
 
 def _add_serve(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--scheduler", required=True, help="tcp://HOST:8786")
     serve.add_argument("-f", "--file", dest="deploy_file", default=None, help="deploy.yaml")
     _add_common(serve, require_api_key=True)
+    add_disagg_arguments(serve, embedded=False)
 
 
 def normalize_dynamo_args(argv: Sequence[str]) -> list[str]:

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from dynask.control_plane.cli_disagg import disagg_options, embedded_deployments
 from dynask.control_plane.cluster import DeploymentPlan, served_name
 from dynask.control_plane.deploy_file import read_deploy_file
 
@@ -65,19 +66,15 @@ def run_command(args: argparse.Namespace, extensions: Sequence[Extension] = ()) 
         kind=kind, model=model, python_file=python_file, engine_args=_engine_args(args, kind)
     )
     if args.input == "http":
+        aggregated = DeploymentPlan(
+            name="default",
+            served_model_name=args.model_name or served_name(model),
+            spec=spec,
+            replicas=args.workers,
+        )
+        deployments, n_workers = embedded_deployments(args, aggregated)
         return _serve_http(
-            args,
-            [
-                DeploymentPlan(
-                    name="default",
-                    served_model_name=args.model_name or served_name(model),
-                    spec=spec,
-                    replicas=args.workers,
-                )
-            ],
-            scheduler=None,
-            n_workers=args.workers,
-            extensions=extensions,
+            args, deployments, scheduler=None, n_workers=n_workers, extensions=extensions
         )
     if kind != "torch":
         raise ValueError(f"in={args.input} runs the built-in engine only; drop out={args.engine}")
@@ -138,5 +135,6 @@ def _serve_http(
         n_workers=n_workers,
         database_url=args.database_url,
         require_api_key=args.require_api_key,
+        disagg=disagg_options(args),
     )
     return ControlPlane(deployments, options, extensions).serve()

@@ -25,6 +25,7 @@ from dynask.actors.engine_actor import EngineActor
 from dynask.actors.engine_factory import EngineSpec
 from dynask.actors.gpu_discovery import GPUDiscoveryPlugin
 from dynask.control_plane.actor_handle import ActorHandle
+from dynask.control_plane.disagg_orchestrator import AGGREGATED_ROLE, KV_TRANSFER_ADDRESS
 from dynask.control_plane.service import ServingService
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ class DeploymentPlan:
     served_model_name: str
     spec: EngineSpec
     replicas: int = 1
+    role: str = "aggregated"  # "prefill" / "decode": disaggregated (disagg_orchestrator)
 
 
 def served_name(model: str | None) -> str:
@@ -176,7 +178,12 @@ class ClusterRuntime:
             )
             proxy = await future
             info = await proxy.start()
-            handle = ActorHandle(name=name, deployment=deployment.name, proxy=proxy, info=info)
+            if deployment.role != AGGREGATED_ROLE:
+                transport = self.service.disagg.options.transport
+                info = {**info, KV_TRANSFER_ADDRESS: await proxy.open_kv_transfer(transport)}
+            handle = ActorHandle(
+                name=name, deployment=deployment.name, proxy=proxy, info=info, role=deployment.role
+            )
             await handle.connect()
         except Exception as exc:
             log.error("engine actor %s failed to start on %s: %s", name, address, exc)

@@ -6,6 +6,7 @@
         model_name: smollm2        # what clients send as "model" (default: the name)
         engine: torch              # torch | echo | mocker | python:FILE.py
         replicas: 2                # one engine actor per worker
+        role: aggregated           # aggregated | prefill | decode (disaggregated serving)
         engine_args: {kv_cache_gib: 2}
 
 Every mistake is reported with the deployment, key and value it concerns.
@@ -19,8 +20,9 @@ from typing import Any
 import yaml
 
 from dynask.control_plane.cluster import DeploymentPlan
+from dynask.control_plane.db_models import ROLES as DEPLOYMENT_ROLES
 
-_KEYS = ("name", "model", "model_name", "engine", "replicas", "engine_args")
+_KEYS = ("name", "model", "model_name", "engine", "replicas", "engine_args", "role")
 
 
 def read_deploy_file(path: str) -> list[DeploymentPlan]:
@@ -64,4 +66,8 @@ def _deployment(item: Any, index: int, path: str) -> DeploymentPlan:
         )
     except ValueError as exc:
         raise ValueError(f"{where} ({name}): {exc}") from exc
-    return DeploymentPlan(name, str(item.get("model_name") or name), spec, replicas)
+    role = item.get("role", "aggregated")
+    if role not in DEPLOYMENT_ROLES:
+        expected = ", ".join(DEPLOYMENT_ROLES)
+        raise ValueError(f"{where} ({name}) 'role' has value {role!r}; expected one of {expected}")
+    return DeploymentPlan(name, str(item.get("model_name") or name), spec, replicas, role)

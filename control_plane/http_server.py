@@ -26,6 +26,7 @@ from dynask.control_plane.api_keys import ApiKeys
 from dynask.control_plane.app import build_app
 from dynask.control_plane.cluster import ClusterRuntime, DeploymentPlan
 from dynask.control_plane.database import default_database_url, make_engine, upgrade
+from dynask.control_plane.disagg_orchestrator import DisaggOptions
 from dynask.control_plane.metrics import ServingMetrics
 from dynask.control_plane.model_routing import RoutingOptions
 from dynask.control_plane.repository import Repository
@@ -47,6 +48,7 @@ class ServerOptions:
     database_url: str | None = None  # None: $DYNASK_DATABASE_URL or the SQLite default
     who: str = "cli"  # recorded in the event log
     require_api_key: bool = False  # /v1 needs ``Authorization: Bearer KEY``
+    disagg: DisaggOptions = field(default_factory=DisaggOptions)  # prefill/decode roles
 
 
 Extension = Callable[["ControlPlane"], list[BaseRoute]]
@@ -64,7 +66,7 @@ class ControlPlane:
         extensions: Sequence[Extension] = (),
     ) -> None:
         self.options = options
-        self.service = ServingService(ServingMetrics(), options.routing)
+        self.service = ServingService(ServingMetrics(), options.routing, options.disagg)
         self.repo = Repository(make_engine(options.database_url or default_database_url()))
         self.recorder = ActorRecorder(self.repo)
         self.deployments = self._desired_state(deployments)

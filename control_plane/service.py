@@ -18,6 +18,12 @@ from typing import Any
 
 from dynask.actors.engine.sequence import RequestOutput
 from dynask.control_plane.actor_handle import ActorHandle, ActorUnavailableError
+from dynask.control_plane.disagg_orchestrator import (
+    PREFILL_ROLE,
+    DisaggOptions,
+    DisaggOrchestrator,
+    PrefillPlan,
+)
 from dynask.control_plane.errors import APIError, invalid
 from dynask.control_plane.metrics import ServingMetrics
 from dynask.control_plane.model_routing import (
@@ -44,6 +50,16 @@ class ServedModel:
     def max_model_len(self) -> int:
         return min(a.max_model_len for a in self.actors) if self.actors else 0
 
+    @property
+    def prefill_actors(self) -> list[ActorHandle]:
+        return [a for a in self.actors if a.role == PREFILL_ROLE]
+
+    @property
+    def serving_actors(self) -> list[ActorHandle]:
+        """The actors requests are routed to: all but the prefill-only ones (or, if a
+        model has nothing else, those too, prefilling and decoding by themselves)."""
+        return [a for a in self.actors if a.role != PREFILL_ROLE] or self.actors
+
 
 @dataclass(frozen=True)
 class PreparedRequest:
@@ -62,6 +78,7 @@ class RoutedRequest:
 
     prepared: PreparedRequest
     route: Route
+    prefill: PrefillPlan | None = None  # disaggregated: who prefills it
 
     @property
     def actor(self) -> ActorHandle:
@@ -70,12 +87,20 @@ class RoutedRequest:
     def release(self) -> None:
         """Uncounts the request from its actor's load (idempotent; ``generate`` does it)."""
         self.route.actor.load.release(self.prepared.request_id)
+        if self.prefill is not None:
+            self.prefill.release_unless_started()
 
 
 class ServingService:
-    def __init__(self, metrics: ServingMetrics, routing: RoutingOptions | None = None) -> None:
+    def __init__(
+        self,
+        metrics: ServingMetrics,
+        routing: RoutingOptions | None = None,
+        disagg: DisaggOptions | None = None,
+    ) -> None:
         self.metrics = metrics
         self.routing = routing or RoutingOptions()
+        self.disagg = DisaggOrchestrator(disagg)
         self.models: dict[str, ServedModel] = {}
 
     # ---- actors -------------------------------------------------------------------
@@ -166,7 +191,7 @@ class ServingService:
         retry = {"Retry-After": str(RETRY_AFTER_S)}
         try:
             route = model.routing.choose(
-                prepared.request_id, prepared.prompt_ids, model.actors, prepared.router_mode
+                prepared.request_id, prepared.prompt_ids, model.serving_actors, prepared.router_mode
             )
         except NoReadyActorError as exc:
             raise APIError(
@@ -177,14 +202,24 @@ class ServingService:
             raise APIError(str(exc), status=503, code="overloaded", headers=retry) from exc
         prompt_tokens = len(prepared.prompt_ids)
         route.actor.reserve(prepared.request_id, prompt_tokens, route.expected_cached_tokens)
-        return RoutedRequest(prepared, route)
+        prefill = self.disagg.plan(
+            model.routing,
+            prepared.request_id,
+            prepared.prompt_ids,
+            route.actor,
+            route.expected_cached_tokens,
+            model.prefill_actors,
+        )
+        return RoutedRequest(prepared, route, prefill)
 
     async def generate(self, routed: RoutedRequest) -> AsyncIterator[list[RequestOutput]]:
         """Yields the routed request's deltas (as they arrive, in batches)."""
         prepared = routed.prepared
+        plan = routed.prefill
+        submit = None if plan is None else self.disagg.submitter(plan, routed.actor)
         try:
             async for outputs in routed.actor.generate(
-                prepared.request_id, prepared.prompt_ids, prepared.params
+                prepared.request_id, prepared.prompt_ids, prepared.params, submit
             ):
                 yield outputs
         except ActorUnavailableError as exc:

@@ -36,6 +36,7 @@ def plan_to_spec(plan: DeploymentPlan) -> DeploymentSpec:
         engine_args=dict(plan.spec.engine_args),
         served_model_name=plan.served_model_name,
         engine_file=plan.spec.python_file,
+        role=plan.role,
     )
 
 
@@ -48,7 +49,11 @@ def deployment_to_plan(deployment: Deployment) -> DeploymentPlan:
         engine_args=dict(deployment.engine_args),
     )
     return DeploymentPlan(
-        deployment.name, deployment.served_model_name or deployment.name, spec, deployment.replicas
+        deployment.name,
+        deployment.served_model_name or deployment.name,
+        spec,
+        deployment.replicas,
+        deployment.role,
     )
 
 
@@ -65,7 +70,7 @@ def store_deployments(repo: Repository, plans: list[DeploymentPlan], who: str) -
 
 
 def _same(current: Deployment, wanted: DeploymentSpec) -> bool:
-    keys = ("model", "engine", "replicas", "served_model_name", "engine_file")
+    keys = ("model", "engine", "replicas", "served_model_name", "engine_file", "role")
     return all(getattr(current, k) == getattr(wanted, k) for k in keys) and (
         current.engine_args == dict(wanted.engine_args)
     )

@@ -13,8 +13,8 @@ import logging
 import queue
 import threading
 import uuid
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import torch
 
@@ -22,7 +22,7 @@ from dynask.actors.engine.config import EngineConfig
 from dynask.actors.engine.decode_burst import burst_steps
 from dynask.actors.engine.detokenizer import IncrementalDetokenizer
 from dynask.actors.engine.engine_parts import EngineParts, build_engine_parts
-from dynask.actors.engine.kv_manager import PrefixHit
+from dynask.actors.engine.kv_manager import KVCacheManager, PrefixHit
 from dynask.actors.engine.kv_tiers import offload_stats
 from dynask.actors.engine.model_runner import ModelRunner
 from dynask.actors.engine.sampling import SamplingParams, make_generator
@@ -41,6 +41,8 @@ from dynask.kv.hashing import hash_seed
 from dynask.kv.prefix_index import KVCacheDump
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class LLMEngine:
@@ -197,6 +199,12 @@ class LLMEngine:
                 kv.shape[2],
                 lambda ids: self.parts.runner.import_blocks(ids, kv),
             )
+
+    def with_kv_blocks(self, action: Callable[[KVCacheManager], T]) -> T:
+        """Runs ``action`` on the KV cache manager under the step lock, so the engine
+        thread never sees a half-made change (KV hand-off between actors uses it)."""
+        with self._step_lock:
+            return action(self.parts.kv_manager)
 
     # ---- the engine thread ------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from dynask.actors.engine_actor import EngineActor
 from dynask.actors.engine_factory import EngineSpec
 from dynask.control_plane.actor_handle import ActorHandle
 from dynask.control_plane.app import build_app
+from dynask.control_plane.disagg_orchestrator import KV_TRANSFER_ADDRESS, DisaggOptions
 from dynask.control_plane.metrics import ServingMetrics
 from dynask.control_plane.model_routing import ModelRouting, RoutingOptions
 from dynask.control_plane.service import ServingService
@@ -79,14 +80,21 @@ def overlaps(decision: dict[str, Any]) -> dict[str, int]:
 
 
 async def connect_service(
-    proxies: Sequence[Any], routing: RoutingOptions | None = None
+    proxies: Sequence[Any],
+    routing: RoutingOptions | None = None,
+    disagg: DisaggOptions | None = None,
+    roles: Sequence[str] | None = None,
 ) -> tuple[ServingService, list[ActorHandle]]:
-    """A fresh control plane's view of running actors: a service, handles, synced index."""
-    service = ServingService(ServingMetrics(), routing)
+    """A fresh control plane's view of running actors: a service, handles, synced index.
+    ``roles`` (one per proxy) makes prefill/decode actors, which open a KV listener."""
+    service = ServingService(ServingMetrics(), routing, disagg)
     handles = []
-    for proxy in proxies:
+    for proxy, role in zip(proxies, roles or ["aggregated"] * len(proxies), strict=True):
         info = await proxy.start()  # idempotent: a running actor answers with its info
-        handle = ActorHandle(name=info["name"], deployment="d", proxy=proxy, info=info)
+        if role != "aggregated":
+            transport = service.disagg.options.transport
+            info = {**info, KV_TRANSFER_ADDRESS: await proxy.open_kv_transfer(transport)}
+        handle = ActorHandle(name=info["name"], deployment="d", proxy=proxy, info=info, role=role)
         await handle.connect()
         service.add_actor(MODEL, handle)
         handles.append(handle)
@@ -123,10 +131,13 @@ async def cluster_with_actors(
 
 @asynccontextmanager
 async def serving_stack(
-    proxies: Sequence[Any], routing: RoutingOptions | None = None
+    proxies: Sequence[Any],
+    routing: RoutingOptions | None = None,
+    disagg: DisaggOptions | None = None,
+    roles: Sequence[str] | None = None,
 ) -> AsyncIterator[Stack]:
     """A control plane over ``proxies``, served over HTTP on a free port."""
-    service, handles = await connect_service(proxies, routing)
+    service, handles = await connect_service(proxies, routing, disagg, roles)
     port = free_port()
     config = uvicorn.Config(
         build_app(service), host="127.0.0.1", port=port, log_level="warning", lifespan="off"

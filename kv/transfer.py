@@ -1,0 +1,175 @@
+"""Moving KV blocks between engine actors: the transport interface and its wire header.
+
+Design decisions:
+
+- A transfer is one tensor (``[layers, 2, blocks, block_size, kv_heads, head_dim]``, as
+  an engine exports it) sent to the listener of the actor that will use it, under a
+  ``TransferId`` the receiver chose. The receiver registers the id first
+  (``expect``) with a tensor it preallocated; the bytes land straight in it. Sending to
+  an id nobody expects (any more) is not an error for the sender: the receiver reads the
+  bytes into scratch memory and drops them (a decode actor that gave up on a slow
+  prefill must not make the late one fail).
+- One header per transfer, msgpack: id, dtype, shape. A header whose dtype or shape does
+  not match the expectation fails that transfer (``TransferError``) and is discarded.
+- A failed transfer (connection cut mid-way, mismatch, closing transport) fails only its
+  own future; the receiver keeps listening.
+- Transports: ``tcp`` (``kv.transfer_tcp``; CUDA tensors are staged through host
+  memory) and ``ucxx`` (``kv.transfer_ucxx``; CPU tensors as zero-copy numpy views,
+  CUDA tensors as device buffers). ``make_transport`` picks one by name.
+- Nothing here knows about Dask or the engine: an actor owns a transport and drives it
+  from its event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import NewType, Protocol
+
+import msgpack
+import torch
+
+TransferId = NewType("TransferId", str)
+
+TRANSPORTS = ("tcp", "ucxx")
+MAX_HEADER_BYTES = 4096
+
+
+class TransferError(RuntimeError):
+    """A KV transfer failed; the message says which one and why."""
+
+
+@dataclass(frozen=True)
+class TransferHeader:
+    """What precedes the bytes of one transfer."""
+
+    transfer_id: TransferId
+    dtype: str  # a torch dtype name, e.g. "float32"
+    shape: tuple[int, ...]
+
+    @classmethod
+    def of(cls, transfer_id: TransferId, kv: torch.Tensor) -> TransferHeader:
+        return cls(transfer_id, str(kv.dtype).removeprefix("torch."), tuple(kv.shape))
+
+    @property
+    def nbytes(self) -> int:
+        count = 1
+        for size in self.shape:
+            count *= size
+        return count * torch.empty((), dtype=self.torch_dtype).element_size()
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        dtype = getattr(torch, self.dtype, None)
+        if not isinstance(dtype, torch.dtype):
+            raise TransferError(f"transfer {self.transfer_id}: unknown dtype {self.dtype!r}")
+        return dtype
+
+    def pack(self) -> bytes:
+        body: bytes = msgpack.packb([self.transfer_id, self.dtype, list(self.shape)])
+        return body
+
+    @classmethod
+    def unpack(cls, data: bytes) -> TransferHeader:
+        try:
+            transfer_id, dtype, shape = msgpack.unpackb(data)
+            return cls(TransferId(str(transfer_id)), str(dtype), tuple(int(s) for s in shape))
+        except (ValueError, TypeError) as exc:
+            raise TransferError(f"malformed KV transfer header: {exc}") from exc
+
+
+class KVTransport(Protocol):
+    """Sends KV tensors to other actors' listeners and receives the ones expected here."""
+
+    name: str
+
+    async def listen(self, host: str) -> str:
+        """Starts the listener on an ephemeral port of ``host``; returns its address."""
+
+    def expect(self, transfer_id: TransferId, into: torch.Tensor) -> asyncio.Future[torch.Tensor]:
+        """Registers a transfer; its bytes go into ``into`` (contiguous), and the future
+        resolves to ``into`` once all arrived, or fails with ``TransferError``."""
+
+    def forget(self, transfer_id: TransferId) -> None:
+        """Stops expecting a transfer; its bytes, if they still come, are dropped."""
+
+    async def send(self, address: str, transfer_id: TransferId, kv: torch.Tensor) -> None:
+        """Sends ``kv`` to the listener at ``address``; raises ``TransferError``."""
+
+    async def close(self) -> None:
+        """Stops listening and closes connections; pending expectations fail."""
+
+
+class Expectations:
+    """The transfers a listener waits for: id → destination tensor and future."""
+
+    def __init__(self) -> None:
+        self._pending: dict[TransferId, tuple[torch.Tensor, asyncio.Future[torch.Tensor]]] = {}
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def add(self, transfer_id: TransferId, into: torch.Tensor) -> asyncio.Future[torch.Tensor]:
+        if transfer_id in self._pending:
+            raise ValueError(f"transfer {transfer_id} is already expected")
+        if not into.is_contiguous():
+            raise ValueError(f"transfer {transfer_id}: the destination must be contiguous")
+        future: asyncio.Future[torch.Tensor] = asyncio.get_running_loop().create_future()
+        self._pending[transfer_id] = (into, future)
+        return future
+
+    def forget(self, transfer_id: TransferId) -> None:
+        entry = self._pending.pop(transfer_id, None)
+        if entry is not None and not entry[1].done():
+            entry[1].cancel()
+
+    def destination(self, header: TransferHeader) -> torch.Tensor | None:
+        """Where the transfer's bytes go; None: nobody expects them (or they do not fit)."""
+        entry = self._pending.get(header.transfer_id)
+        if entry is None:
+            return None
+        into, future = entry
+        wanted = TransferHeader.of(header.transfer_id, into)
+        if wanted != header:
+            self._pending.pop(header.transfer_id)
+            future.set_exception(
+                TransferError(
+                    f"transfer {header.transfer_id} sent {header.dtype}{list(header.shape)}; "
+                    f"the receiver expected {wanted.dtype}{list(wanted.shape)}"
+                )
+            )
+            return None
+        return into
+
+    def complete(self, transfer_id: TransferId) -> None:
+        entry = self._pending.pop(transfer_id, None)
+        if entry is not None and not entry[1].done():
+            entry[1].set_result(entry[0])
+
+    def fail(self, transfer_id: TransferId, reason: str) -> None:
+        entry = self._pending.pop(transfer_id, None)
+        if entry is not None and not entry[1].done():
+            entry[1].set_exception(TransferError(f"transfer {transfer_id} failed: {reason}"))
+
+    def fail_all(self, reason: str) -> None:
+        for transfer_id in list(self._pending):
+            self.fail(transfer_id, reason)
+
+
+def byte_view(tensor: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor, writable, without a copy."""
+    view: memoryview = tensor.reshape(-1).view(torch.uint8).numpy().data
+    return view.cast("B")
+
+
+def make_transport(kind: str) -> KVTransport:
+    """A transport by name (``tcp`` or ``ucxx``); ``ValueError`` names the choices."""
+    if kind == "tcp":
+        from dynask.kv.transfer_tcp import TCPTransport
+
+        return TCPTransport()
+    if kind == "ucxx":
+        from dynask.kv.transfer_ucxx import UCXXTransport
+
+        return UCXXTransport()
+    raise ValueError(f"KV transport has value {kind!r}; use one of: {', '.join(TRANSPORTS)}")

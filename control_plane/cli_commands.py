@@ -106,6 +106,7 @@ def _serve_http(
     n_workers: int,
     extensions: Sequence[Extension] = (),
 ) -> int:
+    from dynask.control_plane.cli_reliability import reliability_options
     from dynask.control_plane.http_server import ControlPlane, ServerOptions
     from dynask.control_plane.model_routing import RoutingOptions
 
@@ -124,5 +125,6 @@ def _serve_http(
         n_workers=n_workers,
         database_url=args.database_url,
         require_api_key=args.require_api_key,
+        reliability=reliability_options(args),
     )
     return ControlPlane(deployments, options, extensions).serve()

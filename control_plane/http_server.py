@@ -28,6 +28,7 @@ from dynask.control_plane.cluster import ClusterRuntime, DeploymentPlan
 from dynask.control_plane.database import default_database_url, make_engine, upgrade
 from dynask.control_plane.metrics import ServingMetrics
 from dynask.control_plane.model_routing import RoutingOptions
+from dynask.control_plane.reliability_options import ReliabilityOptions
 from dynask.control_plane.repository import Repository
 from dynask.control_plane.service import ServingService
 from dynask.control_plane.state_sync import ActorRecorder, store_deployments, stored_plans
@@ -47,6 +48,7 @@ class ServerOptions:
     database_url: str | None = None  # None: $DYNASK_DATABASE_URL or the SQLite default
     who: str = "cli"  # recorded in the event log
     require_api_key: bool = False  # /v1 needs ``Authorization: Bearer KEY``
+    reliability: ReliabilityOptions = field(default_factory=ReliabilityOptions)
 
 
 Extension = Callable[["ControlPlane"], list[BaseRoute]]
@@ -64,7 +66,7 @@ class ControlPlane:
         extensions: Sequence[Extension] = (),
     ) -> None:
         self.options = options
-        self.service = ServingService(ServingMetrics(), options.routing)
+        self.service = ServingService(ServingMetrics(), options.routing, options.reliability)
         self.repo = Repository(make_engine(options.database_url or default_database_url()))
         self.recorder = ActorRecorder(self.repo)
         self.deployments = self._desired_state(deployments)

@@ -27,6 +27,7 @@ from dynask.control_plane.actor_handle import ActorHandle
 from dynask.control_plane.app import build_app
 from dynask.control_plane.metrics import ServingMetrics
 from dynask.control_plane.model_routing import ModelRouting, RoutingOptions
+from dynask.control_plane.reliability_options import ReliabilityOptions
 from dynask.control_plane.service import ServingService
 from tests.control_plane.server_process import free_port
 
@@ -79,10 +80,12 @@ def overlaps(decision: dict[str, Any]) -> dict[str, int]:
 
 
 async def connect_service(
-    proxies: Sequence[Any], routing: RoutingOptions | None = None
+    proxies: Sequence[Any],
+    routing: RoutingOptions | None = None,
+    reliability: ReliabilityOptions | None = None,
 ) -> tuple[ServingService, list[ActorHandle]]:
     """A fresh control plane's view of running actors: a service, handles, synced index."""
-    service = ServingService(ServingMetrics(), routing)
+    service = ServingService(ServingMetrics(), routing, reliability)
     handles = []
     for proxy in proxies:
         info = await proxy.start()  # idempotent: a running actor answers with its info
@@ -123,10 +126,12 @@ async def cluster_with_actors(
 
 @asynccontextmanager
 async def serving_stack(
-    proxies: Sequence[Any], routing: RoutingOptions | None = None
+    proxies: Sequence[Any],
+    routing: RoutingOptions | None = None,
+    reliability: ReliabilityOptions | None = None,
 ) -> AsyncIterator[Stack]:
     """A control plane over ``proxies``, served over HTTP on a free port."""
-    service, handles = await connect_service(proxies, routing)
+    service, handles = await connect_service(proxies, routing, reliability)
     port = free_port()
     config = uvicorn.Config(
         build_app(service), host="127.0.0.1", port=port, log_level="warning", lifespan="off"

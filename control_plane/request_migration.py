@@ -79,6 +79,10 @@ class StreamProgress:
     def resume_prompt(self) -> list[int]:
         return self.prompt_ids + self.sent[: self.shown]
 
+    def rewind(self) -> None:
+        """Forgets the tokens after the resume point: the next actor generates them again."""
+        del self.sent[self.shown :]
+
     @property
     def remaining(self) -> int:
         return self.max_tokens - self.shown
@@ -113,6 +117,7 @@ class RequestMigration:
                     attempt.actor.load.release(attempt.prepared.request_id)
                     self._check_movable(original, progress, lost, moves, exc)
                     moves += 1
+                    progress.rewind()
                     if progress.remaining < 1:  # every token was out: only the end was lost
                         yield [_length_finish(original.request_id, progress)]
                         return
@@ -132,7 +137,7 @@ class RequestMigration:
                 self.admission.prefill_done(original_id)
                 first = False
             if prepared.prompt_ids is not progress.prompt_ids:
-                outputs = [_whole_request_usage(o, progress) for o in outputs]
+                outputs = [whole_request_usage(o, progress) for o in outputs]
             progress.note(outputs)
             yield outputs
 
@@ -222,7 +227,7 @@ class RequestMigration:
         return routed
 
 
-def _whole_request_usage(output: RequestOutput, progress: StreamProgress) -> RequestOutput:
+def whole_request_usage(output: RequestOutput, progress: StreamProgress) -> RequestOutput:
     """A resumed attempt's delta, its usage counted for the whole request."""
     if output.usage is None:
         return output

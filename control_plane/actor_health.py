@@ -10,8 +10,11 @@ Three signals, each for a failure the others miss:
 - **Heartbeats.** A worker that hangs without dying (``SIGSTOP``, a stuck event loop, a
   wedged GPU driver) keeps its sockets open, and Dask itself only notices after its
   worker TTL (5 minutes by default). So every ``heartbeat_interval_s`` each actor gets a
-  cheap ``health()`` call; an actor that has not answered for ``heartbeat_timeout_s`` is
-  declared lost. Each call runs on its own task, so one hung actor delays no other.
+  cheap ``stats()`` call (no engine lock); an actor that has not answered for
+  ``heartbeat_timeout_s`` is declared lost. Each call runs on its own task, so one hung
+  actor delays no other. The answers also show an engine thread that is stuck while its
+  worker answers: requests waiting or running and the step counter frozen for
+  ``engine_stall_timeout_s`` (not for ``out=python`` engines, whose steps are the user's).
 
 A lost actor's requests move (``request_migration``) as soon as it is declared lost;
 the reconciler is woken to replace it. A hung worker is *quarantined*: no new actor is
@@ -53,6 +56,7 @@ class ActorHealth:
         self._on_change = on_change  # wakes the reconciler
         self.quarantined: dict[str, Any] = {}  # hung worker -> its orphaned actor's proxy
         self._last_answer: dict[str, float] = {}
+        self._last_step: dict[str, tuple[int, float]] = {}  # actor -> (steps, since when)
         self._pings: dict[str, asyncio.Task[None]] = {}
         self._orphan_pings: dict[str, asyncio.Task[None]] = {}
         self._loop_task: asyncio.Task[None] | None = None
@@ -113,11 +117,21 @@ class ActorHealth:
                 )
                 self.quarantined[handle.worker] = handle.proxy
                 continue
+            stalled = now - self._last_step.get(handle.name, (0, now))[1]
+            if stalled > self._options.engine_stall_timeout_s:
+                self.declare_lost(
+                    handle,
+                    "engine_stalled",
+                    f"requests waiting, no engine step for {stalled:.1f} s",
+                )
+                self.quarantined[handle.worker] = handle.proxy
+                continue
             ping = self._pings.get(handle.name)
             if ping is None or ping.done():
                 self._pings[handle.name] = asyncio.create_task(self._ping(handle))
         for name in set(self._last_answer) - live:
             self._last_answer.pop(name, None)
+            self._last_step.pop(name, None)
             self._pings.pop(name, None)
         for worker, proxy in list(self.quarantined.items()):
             ping = self._orphan_pings.get(worker)
@@ -126,13 +140,23 @@ class ActorHealth:
 
     async def _ping(self, handle: ActorHandle) -> None:
         try:
-            await asyncio.wait_for(handle.proxy.health(), self._options.heartbeat_timeout_s)
+            stats = await asyncio.wait_for(handle.proxy.stats(), self._options.heartbeat_timeout_s)
         except TimeoutError:
             return  # the next round judges the silence
         except Exception as exc:  # unreachable; EOF or the scheduler usually say so first
             log.debug("heartbeat of %s failed: %s", handle.name, exc)
             return
-        self._last_answer[handle.name] = time.monotonic()
+        now = time.monotonic()
+        self._last_answer[handle.name] = now
+        self._note_steps(handle, stats, now)
+
+    def _note_steps(self, handle: ActorHandle, stats: dict[str, Any], now: float) -> None:
+        """Restarts the stall clock when the engine stepped, is idle, or runs user code."""
+        steps = int(stats.get("num_steps", 0))
+        busy = int(stats.get("num_running", 0)) + int(stats.get("num_waiting", 0)) > 0
+        last = self._last_step.get(handle.name)
+        if last is None or last[0] != steps or not busy or handle.info.get("engine") == "python":
+            self._last_step[handle.name] = (steps, now)
 
     async def _reclaim(self, worker: str, proxy: Any) -> None:
         """A quarantined worker's orphan: once it answers again, stop it, free the worker."""

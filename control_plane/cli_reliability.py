@@ -35,6 +35,13 @@ def add_reliability_args(cmd: argparse.ArgumentParser) -> None:
         help="an engine actor silent this long is lost: its requests move (default 10)",
     )
     group.add_argument(
+        "--engine-stall-timeout",
+        type=_seconds,
+        default=120.0,
+        help="an engine with requests but no step for this long is lost, though its "
+        "worker answers (default 120; longer than your slowest step)",
+    )
+    group.add_argument(
         "--max-in-flight",
         type=_limit,
         default=DEFAULT_MAX_IN_FLIGHT,
@@ -56,6 +63,7 @@ def reliability_options(args: argparse.Namespace) -> ReliabilityOptions:
         migration_limit=args.migration_limit,
         heartbeat_interval_s=args.heartbeat_interval,
         heartbeat_timeout_s=args.heartbeat_timeout,
+        engine_stall_timeout_s=args.engine_stall_timeout,
         max_in_flight=args.max_in_flight,
         max_queued_prefill_tokens=args.max_queued_prefill_tokens,
     )

@@ -21,12 +21,18 @@ class ReliabilityOptions:
     migration_wait_s: float = 30.0  # how long a moving request waits for a ready actor
     heartbeat_interval_s: float = 1.0  # between two health calls to one actor
     heartbeat_timeout_s: float = 10.0  # no answer for this long: the actor is lost
+    engine_stall_timeout_s: float = 120.0  # work waiting, no engine step this long: lost
     max_in_flight: int | None = DEFAULT_MAX_IN_FLIGHT  # None: no limit
     max_queued_prefill_tokens: int | None = DEFAULT_MAX_QUEUED_PREFILL_TOKENS  # None: no limit
 
     def __post_init__(self) -> None:
         _check_int("migration_limit", self.migration_limit, minimum=0)
-        for name in ("migration_wait_s", "heartbeat_interval_s", "heartbeat_timeout_s"):
+        for name in (
+            "migration_wait_s",
+            "heartbeat_interval_s",
+            "heartbeat_timeout_s",
+            "engine_stall_timeout_s",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(

@@ -77,3 +77,57 @@ def test_a_worker_removed_by_the_scheduler_loses_its_actor_and_its_stream_moves(
                     await actor.stop()
 
     asyncio.run(main())
+
+
+def test_an_engine_that_stops_stepping_is_lost_though_its_worker_answers(
+    smollm2_folder: Path,
+) -> None:
+    """An echo engine that sleeps 1,000 s after its first step: a stuck engine thread on
+    a healthy worker. Round-robin sends one stream to it and one to a normal engine."""
+    stuck = EngineSpec(kind="echo", model=str(smollm2_folder), engine_args={"delay_s": 1000.0})
+    fine = EngineSpec(kind="echo", model=str(smollm2_folder), engine_args={"delay_s": 0.001})
+    options = ReliabilityOptions(
+        heartbeat_interval_s=0.1, heartbeat_timeout_s=5.0, engine_stall_timeout_s=1.0
+    )
+
+    async def main() -> None:
+        async with (
+            LocalCluster(
+                n_workers=1, processes=False, asynchronous=True, dashboard_address=None
+            ) as cluster,
+            Client(cluster, asynchronous=True, direct_to_workers=True) as client,
+        ):
+            proxies = [
+                await client.submit(EngineActor, spec, f"echo-{i}", actor=True, pure=False)
+                for i, spec in enumerate((stuck, fine))
+            ]
+            async with serving_stack(proxies, reliability=options) as stack:
+                health = ActorHealth(client, options, lambda: stack.handles, lambda: None)
+                health.start()
+                streams = [
+                    await stack.openai.completions.create(
+                        model=MODEL,
+                        prompt=tokens(seed=seed, blocks=2),
+                        max_tokens=20,
+                        temperature=0,
+                        stream=True,
+                        stream_options={"include_usage": True},
+                        extra_body={"router_mode": "round-robin"},
+                    )
+                    for seed in (1, 2)
+                ]
+                usages = [[c.usage async for c in s if c.usage is not None] for s in streams]
+
+                assert [u[0].completion_tokens for u in usages if u[0]] == [20, 20]
+                stuck_handle = stack.handle("echo-0")
+                assert stuck_handle.broken and stuck_handle.lost_reason == "engine_stalled"
+                for _ in range(500):  # its worker answers: the stuck actor is stopped
+                    if not health.quarantined:
+                        break
+                    await asyncio.sleep(0.01)
+                assert health.quarantined == {}
+                health.stop()
+            for actor in list(cluster.workers[0].state.actors.values()):
+                await actor.stop()
+
+    asyncio.run(main())

@@ -30,6 +30,7 @@ from dynask.control_plane.submit_batcher import SubmitBatcher
 log = logging.getLogger(__name__)
 
 SUBMIT_WAIT_S = 30.0  # how long a cancelled request waits to learn whether it was submitted
+CALL_TIMEOUT_S = 10.0  # stats and abort calls: a hung worker must not hang their callers
 
 
 class ActorUnavailableError(RuntimeError):
@@ -61,6 +62,7 @@ class ActorHandle:
     _writer: asyncio.StreamWriter | None = None
     _batcher: SubmitBatcher = field(init=False)
     broken: bool = False
+    lost_reason: str | None = None  # how the loss was noticed; "stream_closed" for EOF
 
     def __post_init__(self) -> None:
         self.load = ActorLoad(int(self.info.get("kv_block_size") or DEFAULT_BLOCK_SIZE))
@@ -103,8 +105,26 @@ class ActorHandle:
         if queue is not None:
             queue.put_nowait(output)
 
+    def declare_lost(self, kind: str, detail: str) -> None:
+        """Treats the actor as gone although its stream is open (a hung worker, or one the
+        scheduler removed): every request on it is woken to move elsewhere. ``kind`` is
+        how it was noticed (``lost_reason``), ``detail`` goes to the log."""
+        if self.broken:
+            return
+        log.warning("engine actor %s is lost (%s): %s", self.name, kind, detail)
+        self.lost_reason = kind
+        self._mark_broken()
+        self._batcher.close()
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+        if self._writer is not None:
+            self._writer.close()
+
     def _mark_broken(self) -> None:
+        if self.broken:
+            return
         self.broken = True
+        self.lost_reason = self.lost_reason or "stream_closed"
         for queue in self._queues.values():
             queue.put_nowait(None)  # wakes every waiter: its actor is gone
         if self.listener is not None:
@@ -142,7 +162,7 @@ class ActorHandle:
                 submitted = self._batcher.submit(packed)
             else:
                 submitted = asyncio.ensure_future(submit(packed))
-            await asyncio.shield(submitted)  # a cancelled caller still learns if it went out
+            await self._submitted(submitted)
             while not finished:
                 batch = [await queue.get()]
                 while not queue.empty() and batch[-1] is not None and not batch[-1].finished:
@@ -159,6 +179,19 @@ class ActorHandle:
             if not finished and not self.broken and submitted is not None:
                 await self._abort_if_submitted(request_id, submitted)
 
+    async def _submitted(self, submitted: asyncio.Future[None]) -> None:
+        """Waits until the actor has the request (shielded: a cancelled caller still
+        learns whether it went out). The actor's ``ValueError`` (bad input) passes
+        through; any other failure means the actor could not be reached."""
+        try:
+            await asyncio.shield(submitted)
+        except ValueError:
+            raise
+        except Exception as exc:
+            raise ActorUnavailableError(
+                f"engine actor {self.name} did not take the request: {exc}"
+            ) from exc
+
     def reserve(self, request_id: str, prompt_tokens: int, cached_tokens: int) -> None:
         """Counts a routed request in ``load`` before ``generate`` starts it, so requests
         routed meanwhile see it; ``load.release`` undoes it if it never starts."""
@@ -174,12 +207,12 @@ class ActorHandle:
 
     async def _abort_quietly(self, request_id: str) -> None:
         try:
-            await asyncio.shield(self.proxy.abort(request_id))
+            await asyncio.wait_for(asyncio.shield(self.proxy.abort(request_id)), CALL_TIMEOUT_S)
         except Exception as exc:  # the request is gone either way; say why in the log
             log.warning("abort of %s on %s failed: %s", request_id, self.name, exc)
 
     async def refresh_stats(self) -> dict[str, Any]:
-        self.stats = dict(await self.proxy.stats())
+        self.stats = dict(await asyncio.wait_for(self.proxy.stats(), CALL_TIMEOUT_S))
         return self.stats
 
     async def close(self) -> None:

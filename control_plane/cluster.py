@@ -7,11 +7,16 @@ instead of through the scheduler (measured here 2–3x faster).
 
 The reconciler makes the cluster match the desired deployments: each replica is one
 ``EngineActor`` on its own worker (a worker with a ``GPU`` resource gives one GPU to it).
+It runs every ``RECONCILE_INTERVAL_S`` and at once when ``actor_health`` reports a lost
+actor or a worker joining or leaving; a replaced actor gets a new name (its old key may
+still be known to the scheduler). Actors are published on the scheduler, so a restarted
+control plane adopts the ones still running (``actor_adoption``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Callable
@@ -24,13 +29,16 @@ from distributed import Client, LocalCluster
 from dynask.actors.engine_actor import EngineActor
 from dynask.actors.engine_factory import EngineSpec
 from dynask.actors.gpu_discovery import GPUDiscoveryPlugin
+from dynask.control_plane import actor_adoption
 from dynask.control_plane.actor_handle import ActorHandle
 from dynask.control_plane.disagg_orchestrator import AGGREGATED_ROLE, KV_TRANSFER_ADDRESS
+from dynask.control_plane.actor_health import ActorHealth
 from dynask.control_plane.service import ServingService
 
 log = logging.getLogger(__name__)
 
 RECONCILE_INTERVAL_S = 5.0
+ACTOR_START_TIMEOUT_S = 900.0  # creating an actor and loading its model
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,10 @@ class ClusterRuntime:
         self._handles: dict[str, ActorHandle] = {}
         self._reconciler: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._used_names: set[str] = set()
+        self._futures: dict[str, Any] = {}  # actor name -> its Dask future
+        self.health: ActorHealth | None = None
 
     async def start(self) -> None:
         address = self.scheduler_address
@@ -95,12 +107,19 @@ class ClusterRuntime:
             address, asynchronous=True, direct_to_workers=True
         )
         await self.client.register_plugin(GPUDiscoveryPlugin())
+        self.health = ActorHealth(
+            self.client, self.service.reliability, self._handles.values, self._wake.set
+        )
+        self.health.start()
+        await self._adopt_published()
         await self.reconcile()
         self._reconciler = asyncio.create_task(self._reconcile_forever(), name="reconciler")
 
     async def _reconcile_forever(self) -> None:
         while True:
-            await asyncio.sleep(RECONCILE_INTERVAL_S)
+            with contextlib.suppress(TimeoutError):  # no wake-up: the periodic round
+                await asyncio.wait_for(self._wake.wait(), RECONCILE_INTERVAL_S)
+            self._wake.clear()
             try:
                 await self.reconcile()
             except Exception:
@@ -114,20 +133,32 @@ class ClusterRuntime:
         """Creates missing replicas on free workers; drops actors whose stream broke and
         stops the ones no deployment wants any more (scaled down or deleted)."""
         async with self._lock:
-            self._drop_broken()
+            await self._drop_broken()
             await self._stop_surplus()
             for deployment in self.deployments:
                 missing = deployment.replicas - self._count(deployment.name)
                 for worker in (await self._free_workers())[: max(0, missing)]:
                     await self._start_actor(deployment, worker)
 
-    def _drop_broken(self) -> None:
+    async def _drop_broken(self) -> None:
         for name, handle in list(self._handles.items()):
             if handle.broken:
                 log.warning("engine actor %s is gone; a replacement will be started", name)
                 self.service.remove_actor(name)
                 del self._handles[name]
-                self._on_actor_event(name, "lost", {"worker": handle.worker})
+                await handle.close()
+                await self._forget(name)
+                reason = handle.lost_reason or "stream_closed"
+                self.service.metrics.actors_lost.labels(reason).inc()
+                self._on_actor_event(name, "lost", {"worker": handle.worker, "reason": reason})
+
+    async def _forget(self, name: str) -> None:
+        """Withdraws the actor's dataset and releases its key."""
+        assert self.client is not None
+        await actor_adoption.withdraw(self.client, name)
+        future = self._futures.pop(name, None)
+        if future is not None:
+            future.release()
 
     async def _stop_surplus(self) -> None:
         wanted = {d.name: d.replicas for d in self.deployments}
@@ -137,6 +168,7 @@ class ClusterRuntime:
             self.service.remove_actor(name)
             del self._handles[name]
             await self._stop_handle(handle)
+            await self._forget(name)
             self._on_actor_event(name, "stopped", {"worker": handle.worker})
 
     def _count(self, deployment: str) -> int:
@@ -146,6 +178,8 @@ class ClusterRuntime:
         assert self.client is not None
         info = await self.client.scheduler.identity(n_workers=-1)  # type: ignore[union-attr]
         used = {h.worker for h in self._handles.values()}
+        if self.health is not None:
+            used |= set(self.health.quarantined)  # hung: registered, but not answering
         workers = [{"address": a, **w} for a, w in info["workers"].items() if a not in used]
         return sorted(workers, key=lambda w: str(w["address"]))
 
@@ -176,19 +210,26 @@ class ClusterRuntime:
                 key=name,
                 pure=False,
             )
-            proxy = await future
-            info = await proxy.start()
+            proxy = await asyncio.wait_for(future, ACTOR_START_TIMEOUT_S)
+            info = await asyncio.wait_for(proxy.start(), ACTOR_START_TIMEOUT_S)
             if deployment.role != AGGREGATED_ROLE:
                 transport = self.service.disagg.options.transport
-                info = {**info, KV_TRANSFER_ADDRESS: await proxy.open_kv_transfer(transport)}
+                address = await asyncio.wait_for(
+                    proxy.open_kv_transfer(transport), ACTOR_START_TIMEOUT_S
+                )
+                info = {**info, KV_TRANSFER_ADDRESS: address}
             handle = ActorHandle(
                 name=name, deployment=deployment.name, proxy=proxy, info=info, role=deployment.role
             )
             await handle.connect()
+            await actor_adoption.publish(
+                self.client, name, deployment.name, deployment.spec, future
+            )
         except Exception as exc:
             log.error("engine actor %s failed to start on %s: %s", name, address, exc)
             self._on_actor_event(name, "failed", {"worker": address, "error": str(exc)})
             raise
+        self._futures[name] = future
         self._handles[name] = handle
         self.service.add_actor(deployment.served_model_name, handle)
         self._on_actor_event(
@@ -198,9 +239,35 @@ class ClusterRuntime:
 
     def _actor_name(self, deployment: str) -> str:
         index = 0
-        while f"{deployment}-{index}" in self._handles:
+        while f"{deployment}-{index}" in self._used_names:
             index += 1
+        self._used_names.add(f"{deployment}-{index}")
         return f"{deployment}-{index}"
+
+    async def _adopt_published(self) -> None:
+        """Takes over the actors a previous control plane left running (see
+        ``actor_adoption``); stops those no deployment wants as they are."""
+        assert self.client is not None
+        plans = {d.name: d for d in self.deployments}
+        for found in await actor_adoption.find_published(self.client):
+            self._used_names.add(found.name)
+            plan = plans.get(found.deployment)
+            if plan is None or plan.spec != found.spec:
+                log.warning("stopping engine actor %s: no deployment wants it now", found.name)
+                await _stop_quietly(found.proxy)
+                await actor_adoption.withdraw(self.client, found.name)
+                continue
+            handle = ActorHandle(found.name, found.deployment, found.proxy, found.info)
+            await handle.connect()
+            self._futures[found.name] = found.future
+            self._handles[found.name] = handle
+            self.service.add_actor(plan.served_model_name, handle)
+            details = {"worker": handle.worker, "deployment": found.deployment}
+            self._on_actor_event(found.name, "starting", details)
+            self._on_actor_event(
+                found.name, "ready", {**details, "stream_address": found.info["stream_address"]}
+            )
+            log.info("adopted running engine actor %s on %s", found.name, handle.worker)
 
     async def refresh_stats(self) -> None:
         for handle in list(self._handles.values()):
@@ -211,16 +278,16 @@ class ClusterRuntime:
     async def _stop_handle(self, handle: ActorHandle) -> None:
         await handle.close()
         if not handle.broken:
-            try:
-                await asyncio.wait_for(handle.proxy.stop(), timeout=10)
-            except Exception as exc:  # stopping: report, keep closing the rest
-                log.warning("stopping %s failed: %s", handle.name, exc)
+            await _stop_quietly(handle.proxy)
 
     async def stop(self) -> None:
         if self._reconciler is not None:
             self._reconciler.cancel()
-        for handle in self._handles.values():
+        if self.health is not None:
+            self.health.stop()
+        for name, handle in list(self._handles.items()):
             await self._stop_handle(handle)
+            await self._forget(name)
         self._handles.clear()
         if self.client is not None:
             await self.client.close()  # type: ignore[no-untyped-call]
@@ -228,3 +295,10 @@ class ClusterRuntime:
             closing = self.cluster.close()
             if closing is not None:
                 await closing
+
+
+async def _stop_quietly(proxy: Any) -> None:
+    try:
+        await asyncio.wait_for(proxy.stop(), timeout=10)
+    except Exception as exc:  # stopping: report, keep closing the rest
+        log.warning("stopping an engine actor failed: %s", exc)

@@ -29,6 +29,7 @@ from dynask.control_plane.database import default_database_url, make_engine, upg
 from dynask.control_plane.disagg_orchestrator import DisaggOptions
 from dynask.control_plane.metrics import ServingMetrics
 from dynask.control_plane.model_routing import RoutingOptions
+from dynask.control_plane.reliability_options import ReliabilityOptions
 from dynask.control_plane.repository import Repository
 from dynask.control_plane.service import ServingService
 from dynask.control_plane.state_sync import ActorRecorder, store_deployments, stored_plans
@@ -49,6 +50,7 @@ class ServerOptions:
     who: str = "cli"  # recorded in the event log
     require_api_key: bool = False  # /v1 needs ``Authorization: Bearer KEY``
     disagg: DisaggOptions = field(default_factory=DisaggOptions)  # prefill/decode roles
+    reliability: ReliabilityOptions = field(default_factory=ReliabilityOptions)
 
 
 Extension = Callable[["ControlPlane"], list[BaseRoute]]
@@ -66,7 +68,9 @@ class ControlPlane:
         extensions: Sequence[Extension] = (),
     ) -> None:
         self.options = options
-        self.service = ServingService(ServingMetrics(), options.routing, options.disagg)
+        self.service = ServingService(
+            ServingMetrics(), options.routing, options.disagg, options.reliability
+        )
         self.repo = Repository(make_engine(options.database_url or default_database_url()))
         self.recorder = ActorRecorder(self.repo)
         self.deployments = self._desired_state(deployments)

@@ -58,6 +58,7 @@ class ServingMetrics:
 
         self._add_routing_metrics()
         self._add_kv_tier_metrics()
+        self._add_reliability_metrics()
         self._prompt_tokens_seen: dict[str, list[int]] = {}  # model -> [prompt, cached]
 
     def _add_routing_metrics(self) -> None:
@@ -125,6 +126,33 @@ class ServingMetrics:
             "dynask_actor_kv_tier_hit_rate",
             "Prompt tokens loaded from a tier / prompt tokens looked up",
             ["actor", "tier"],
+            registry=r,
+        )
+
+    def _add_reliability_metrics(self) -> None:
+        r = self.registry
+        self.migrations = Counter(
+            "dynask_migrations",
+            "Requests moved to another engine actor after theirs was lost",
+            ["model"],
+            registry=r,
+        )
+        self.migrations_refused = Counter(
+            "dynask_migrations_refused",
+            "Requests whose actor was lost and that could not move (limit, sampled, no_engine)",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.actors_lost = Counter(
+            "dynask_actors_lost",
+            "Engine actors declared lost, by how it was noticed",
+            ["reason"],
+            registry=r,
+        )
+        self.admission_refused = Counter(
+            "dynask_admission_refused",
+            "Requests answered 503 at an admission limit (in_flight, prefill_tokens)",
+            ["limit"],
             registry=r,
         )
 

@@ -8,6 +8,7 @@ starts, so shedding under overload is a plain 503 with ``Retry-After``, streamin
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 import time
 import uuid
@@ -18,11 +19,13 @@ from typing import Any
 
 from dynask.actors.engine.sequence import RequestOutput
 from dynask.control_plane.actor_handle import ActorHandle, ActorUnavailableError
+from dynask.control_plane.admission import Admission, AdmissionRefusedError
 from dynask.control_plane.disagg_orchestrator import (
     PREFILL_ROLE,
     DisaggOptions,
     DisaggOrchestrator,
     PrefillPlan,
+    Submit,
 )
 from dynask.control_plane.errors import APIError, invalid
 from dynask.control_plane.metrics import ServingMetrics
@@ -34,6 +37,8 @@ from dynask.control_plane.model_routing import (
     RoutingOptions,
 )
 from dynask.control_plane.openai_schema import GenerationRequest
+from dynask.control_plane.reliability_options import ReliabilityOptions
+from dynask.control_plane.request_migration import RequestMigration
 
 RETRY_AFTER_S = 1
 
@@ -79,13 +84,21 @@ class RoutedRequest:
     prepared: PreparedRequest
     route: Route
     prefill: PrefillPlan | None = None  # disaggregated: who prefills it
+    admission: Admission | None = None  # set for a request admitted by ``route``
 
     @property
     def actor(self) -> ActorHandle:
         return self.route.actor
 
     def release(self) -> None:
-        """Uncounts the request from its actor's load (idempotent; ``generate`` does it)."""
+        """Uncounts the request from admission, its actor's load and its prefill plan
+        (idempotent; ``generate`` does it)."""
+        if self.admission is not None:
+            self.admission.release(self.prepared.request_id)
+        self.release_actor()
+
+    def release_actor(self) -> None:
+        """Uncounts the request from its actor's load and its prefill plan (idempotent)."""
         self.route.actor.load.release(self.prepared.request_id)
         if self.prefill is not None:
             self.prefill.release_unless_started()
@@ -97,11 +110,17 @@ class ServingService:
         metrics: ServingMetrics,
         routing: RoutingOptions | None = None,
         disagg: DisaggOptions | None = None,
+        reliability: ReliabilityOptions | None = None,
     ) -> None:
         self.metrics = metrics
         self.routing = routing or RoutingOptions()
         self.disagg = DisaggOrchestrator(disagg)
+        self.reliability = reliability or ReliabilityOptions()
         self.models: dict[str, ServedModel] = {}
+        self.admission = Admission(
+            self.reliability.max_in_flight, self.reliability.max_queued_prefill_tokens
+        )
+        self.migration = RequestMigration(self.reliability, metrics, self.admission)
 
     # ---- actors -------------------------------------------------------------------
 
@@ -185,8 +204,25 @@ class ServingService:
         return prompt
 
     def route(self, prepared: PreparedRequest) -> RoutedRequest:
-        """Chooses the request's actor and counts it there; a 503 ``APIError`` when no
-        actor is ready or every one is at an overload threshold."""
+        """Admits the request, chooses its actor and counts it there; a 503 ``APIError``
+        at an admission limit, when no actor is ready or every one is at an overload
+        threshold."""
+        retry = {"Retry-After": str(RETRY_AFTER_S)}
+        try:
+            self.admission.admit(prepared.request_id, len(prepared.prompt_ids))
+        except AdmissionRefusedError as exc:
+            self.metrics.admission_refused.labels(exc.limit).inc()
+            raise APIError(str(exc), status=503, code="overloaded", headers=retry) from exc
+        try:
+            routed = self.place(prepared)
+        except BaseException:
+            self.admission.release(prepared.request_id)
+            raise
+        return dataclasses.replace(routed, admission=self.admission)
+
+    def place(self, prepared: PreparedRequest) -> RoutedRequest:
+        """Chooses the request's actor and counts it there (no admission: a moving
+        request is admitted already)."""
         model = prepared.model
         retry = {"Retry-After": str(RETRY_AFTER_S)}
         try:
@@ -213,19 +249,21 @@ class ServingService:
         return RoutedRequest(prepared, route, prefill)
 
     async def generate(self, routed: RoutedRequest) -> AsyncIterator[list[RequestOutput]]:
-        """Yields the routed request's deltas (as they arrive, in batches)."""
-        prepared = routed.prepared
-        plan = routed.prefill
-        submit = None if plan is None else self.disagg.submitter(plan, routed.actor)
+        """Yields the routed request's deltas (as they arrive, in batches); a request whose
+        actor is lost moves to another (``request_migration``); with prefill actors its
+        prefill may run on one of them (``disagg_orchestrator``)."""
         try:
-            async for outputs in routed.actor.generate(
-                prepared.request_id, prepared.prompt_ids, prepared.params, submit
-            ):
+            async for outputs in self.migration.follow(routed, self.place, self._submitter):
                 yield outputs
         except ActorUnavailableError as exc:
             raise APIError(str(exc), status=503, code="engine_unavailable") from exc
         finally:
             routed.release()
+
+    def _submitter(self, routed: RoutedRequest) -> Submit | None:
+        """How an attempt goes out: through its prefill plan, or plainly (None)."""
+        plan = routed.prefill
+        return None if plan is None else self.disagg.submitter(plan, routed.actor)
 
     def decisions(self, limit: int, model: str | None = None) -> list[dict[str, Any]]:
         """The ``limit`` most recent routing decisions (of one model or all), newest first."""

@@ -8,6 +8,10 @@ first token in a microbenchmark). Here one plain asyncio task watches for the cl
 disconnect and cancels the stream; sends go straight to the server; keep-alive pings
 are a timer that only fires on a quiet stream. Headers, separators and event encoding
 stay sse-starlette's. HEAD and websocket scopes take sse-starlette's own path.
+
+A client that stops reading (its socket buffers full) blocks only its own stream's
+sends; after ``SEND_TIMEOUT_S`` without progress the stream is given up (the request is
+aborted on its actor), so a reader that never reads cannot hold a request forever.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from starlette.types import Message, Receive, Scope, Send
 log = logging.getLogger(__name__)
 
 PING_EVENT = b": ping\n\n"
+SEND_TIMEOUT_S = 60.0
 
 
 class TokenEventResponse(EventSourceResponse):
@@ -58,6 +63,9 @@ class TokenEventResponse(EventSourceResponse):
         pinger = _Pinger(send, self.ping_interval) if self.ping_interval > 0 else None
         try:
             await self._send_events(send, pinger)
+        except TimeoutError:
+            log.warning("a client read nothing for %.0f s; its stream was given up", SEND_TIMEOUT_S)
+            await _close(self.body_iterator)
         except asyncio.CancelledError:
             if not (watcher.done() and watcher.result()):
                 raise  # cancelled from outside (server shutdown): not ours to swallow
@@ -75,7 +83,8 @@ class TokenEventResponse(EventSourceResponse):
             body = data if isinstance(data, bytes) else _encode(data, self.sep)
             if pinger is not None:
                 pinger.sent()
-            await send({"type": "http.response.body", "body": body, "more_body": True})
+            async with asyncio.timeout(SEND_TIMEOUT_S):
+                await send({"type": "http.response.body", "body": body, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     @staticmethod
@@ -86,6 +95,13 @@ class TokenEventResponse(EventSourceResponse):
             if message["type"] == "http.disconnect":
                 stream.cancel()
                 return True
+
+
+async def _close(iterator: object) -> None:
+    """Closes an async generator now (its ``finally`` aborts the engine request)."""
+    aclose = getattr(iterator, "aclose", None)
+    if aclose is not None:
+        await aclose()
 
 
 def _encode(data: object, sep: str) -> bytes:

@@ -26,6 +26,7 @@ class SubmitBatcher:
         self._proxy = proxy
         self._name = name
         self._pending: list[tuple[bytes, asyncio.Future[None]]] = []
+        self._sending: list[tuple[bytes, asyncio.Future[None]]] = []  # the call in flight
         self._flusher: asyncio.Task[None] | None = None
 
     def submit(self, packed: bytes) -> asyncio.Future[None]:
@@ -39,6 +40,7 @@ class SubmitBatcher:
     async def _flush(self) -> None:
         while self._pending:
             batch, self._pending = self._pending, []
+            self._sending = batch
             try:
                 errors = await self._proxy.submit_batch(pack_requests([p for p, _ in batch]))
             except Exception as exc:  # the actor is unreachable: every waiter hears why
@@ -57,7 +59,7 @@ class SubmitBatcher:
     def close(self) -> None:
         if self._flusher is not None:
             self._flusher.cancel()
-        for _, future in self._pending:
+        for _, future in self._sending + self._pending:
             if not future.done():
                 future.set_exception(ConnectionError(f"engine actor {self._name} closed"))
-        self._pending = []
+        self._pending, self._sending = [], []

@@ -28,6 +28,7 @@ from dynask.control_plane.app import build_app
 from dynask.control_plane.disagg_orchestrator import KV_TRANSFER_ADDRESS, DisaggOptions
 from dynask.control_plane.metrics import ServingMetrics
 from dynask.control_plane.model_routing import ModelRouting, RoutingOptions
+from dynask.control_plane.reliability_options import ReliabilityOptions
 from dynask.control_plane.service import ServingService
 from tests.control_plane.server_process import free_port
 
@@ -84,10 +85,11 @@ async def connect_service(
     routing: RoutingOptions | None = None,
     disagg: DisaggOptions | None = None,
     roles: Sequence[str] | None = None,
+    reliability: ReliabilityOptions | None = None,
 ) -> tuple[ServingService, list[ActorHandle]]:
     """A fresh control plane's view of running actors: a service, handles, synced index.
     ``roles`` (one per proxy) makes prefill/decode actors, which open a KV listener."""
-    service = ServingService(ServingMetrics(), routing, disagg)
+    service = ServingService(ServingMetrics(), routing, disagg, reliability)
     handles = []
     for proxy, role in zip(proxies, roles or ["aggregated"] * len(proxies), strict=True):
         info = await proxy.start()  # idempotent: a running actor answers with its info
@@ -135,9 +137,10 @@ async def serving_stack(
     routing: RoutingOptions | None = None,
     disagg: DisaggOptions | None = None,
     roles: Sequence[str] | None = None,
+    reliability: ReliabilityOptions | None = None,
 ) -> AsyncIterator[Stack]:
     """A control plane over ``proxies``, served over HTTP on a free port."""
-    service, handles = await connect_service(proxies, routing, disagg, roles)
+    service, handles = await connect_service(proxies, routing, disagg, roles, reliability)
     port = free_port()
     config = uvicorn.Config(
         build_app(service), host="127.0.0.1", port=port, log_level="warning", lifespan="off"

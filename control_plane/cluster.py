@@ -212,12 +212,7 @@ class ClusterRuntime:
             )
             proxy = await asyncio.wait_for(future, ACTOR_START_TIMEOUT_S)
             info = await asyncio.wait_for(proxy.start(), ACTOR_START_TIMEOUT_S)
-            if deployment.role != AGGREGATED_ROLE:
-                transport = self.service.disagg.options.transport
-                address = await asyncio.wait_for(
-                    proxy.open_kv_transfer(transport), ACTOR_START_TIMEOUT_S
-                )
-                info = {**info, KV_TRANSFER_ADDRESS: address}
+            info = await self._with_kv_listener(proxy, deployment.role, info)
             handle = ActorHandle(
                 name=name, deployment=deployment.name, proxy=proxy, info=info, role=deployment.role
             )
@@ -236,6 +231,17 @@ class ClusterRuntime:
             name, "ready", {"worker": address, "stream_address": info["stream_address"]}
         )
         log.info("engine actor %s ready on %s (stream %s)", name, address, info["stream_address"])
+
+    async def _with_kv_listener(
+        self, proxy: Any, role: str, info: dict[str, Any]
+    ) -> dict[str, Any]:
+        """A prefill or decode actor's info with its KV listener's address (opened once;
+        an adopted actor answers with the one it has)."""
+        if role == AGGREGATED_ROLE:
+            return info
+        transport = self.service.disagg.options.transport
+        address = await asyncio.wait_for(proxy.open_kv_transfer(transport), ACTOR_START_TIMEOUT_S)
+        return {**info, KV_TRANSFER_ADDRESS: address}
 
     def _actor_name(self, deployment: str) -> str:
         index = 0
@@ -257,7 +263,8 @@ class ClusterRuntime:
                 await _stop_quietly(found.proxy)
                 await actor_adoption.withdraw(self.client, found.name)
                 continue
-            handle = ActorHandle(found.name, found.deployment, found.proxy, found.info)
+            info = await self._with_kv_listener(found.proxy, plan.role, found.info)
+            handle = ActorHandle(found.name, found.deployment, found.proxy, info, role=plan.role)
             await handle.connect()
             self._futures[found.name] = found.future
             self._handles[found.name] = handle

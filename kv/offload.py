@@ -3,8 +3,8 @@
 Design decisions:
 
 - The block pool calls ``on_device_evicted`` with the blocks it is about to reuse; their
-  KV is copied (``DeviceBlocks.gather``) into the host tier, or straight to disk when
-  there is no host tier. A block the host tier evicts goes to disk if it was *used* at
+  KV is copied straight into the host tier's buffer (``DeviceBlocks.save_to_host``), or
+  gathered and written to disk when there is no host tier. A block the host tier evicts goes to disk if it was *used* at
   least ``disk_min_uses`` times (computed or hit; Dynamo's frequency filter: one-off
   prompts do not wear the disk), else it is dropped.
 - A block stays in a lower tier when it is onboarded (the tiers are caches of the

@@ -11,7 +11,9 @@ Design decisions:
   the tier's index is touched by the engine thread alone, when it takes a result
   (``DiskTier.settle``), so the tier needs no lock.
 - Results are kept until taken, at most ``max_results`` of them (oldest dropped: a read
-  nobody took, e.g. of an aborted request, is simply done again if needed).
+  nobody took, e.g. of an aborted request, is simply done again if needed). One request
+  waits for at most half of that (``max_blocks_per_request``), so its reads can always
+  all be ready at once; a longer disk hit is cut there and the rest recomputed.
 """
 
 from __future__ import annotations
@@ -51,6 +53,11 @@ class DiskPrefetcher:
         self._jobs: queue.SimpleQueue[list[CachedBlock] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="dynask-kv-prefetch", daemon=True)
         self._thread.start()
+
+    @property
+    def max_blocks_per_request(self) -> int:
+        """Disk blocks one request may wait for: all of them must fit among the results."""
+        return self._max_results // 2
 
     def set_on_ready(self, on_ready: Callable[[], None]) -> None:
         """Called (on the reader thread) after each batch of reads."""

@@ -202,10 +202,15 @@ class KVOffload:
     ) -> list[CachedBlock]:
         """The leading blocks of ``hashes`` held below, each tagged with its fastest tier."""
         found = []
+        disk_budget = self.prefetcher.max_blocks_per_request if self.prefetcher else None
         for block_hash, tokens in zip(hashes, token_chunks, strict=True):
             tier = self._holder(block_hash, tokens)
             if tier is None:
                 break
+            if tier is KVTier.DISK and disk_budget is not None:
+                if disk_budget == 0:
+                    break  # more than the reader keeps at once: the rest is recomputed
+                disk_budget -= 1
             found.append(CachedBlock(block_hash, None, tuple(tokens), tier))
         return found
 

@@ -141,21 +141,38 @@ class DiskTier:
 
         A corrupt or truncated file is deleted, counted in ``corrupt_blocks`` and logged.
         """
-        entry = self._files.get(block_hash)
-        if entry is None:
+        if block_hash not in self._files:
             return None
-        path = self._path(block_hash)
         try:
-            kv = self._decode(path.read_bytes(), block_hash, tuple(token_ids))
+            loaded: torch.Tensor | Exception = self.load(block_hash, token_ids)
         except (OSError, CorruptBlockFile) as exc:
-            log.warning("KV block file %s is unusable (%s); dropped, will recompute", path, exc)
+            loaded = exc
+        return self.settle(block_hash, loaded)
+
+    def load(self, block_hash: SequenceHash, token_ids: Sequence[int]) -> torch.Tensor:
+        """Reads and checks the block's file; touches nothing else, so any thread may call it.
+
+        Raises ``OSError`` or ``CorruptBlockFile``; pass the outcome to ``settle``.
+        """
+        return self._decode(self._path(block_hash).read_bytes(), block_hash, tuple(token_ids))
+
+    def settle(
+        self, block_hash: SequenceHash, loaded: torch.Tensor | Exception
+    ) -> torch.Tensor | None:
+        """Applies a ``load``'s outcome: marks the block used, or drops a bad file (None)."""
+        path = self._path(block_hash)
+        if block_hash not in self._files:
+            return None  # evicted (and deleted) while it was read
+        if isinstance(loaded, Exception):
+            log.warning("KV block file %s is unusable (%s); dropped, will recompute", path, loaded)
             self.corrupt_blocks += 1
             self._forget(block_hash)
             path.unlink(missing_ok=True)
             return None
         self._files.move_to_end(block_hash)
-        os.utime(path)  # keeps the LRU order across a restart
-        return kv
+        with contextlib.suppress(OSError):
+            os.utime(path)  # keeps the LRU order across a restart
+        return loaded
 
     def _decode(
         self, data: bytes, block_hash: SequenceHash, token_ids: tuple[int, ...]

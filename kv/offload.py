@@ -3,10 +3,10 @@
 Design decisions:
 
 - The block pool calls ``on_device_evicted`` with the blocks it is about to reuse; their
-  KV is copied (``DeviceBlocks.gather``) into the host tier, or straight to disk when
-  there is no host tier. A block the host tier evicts goes to disk if it was *used* at
-  least ``disk_min_uses`` times (computed or hit; Dynamo's frequency filter: one-off
-  prompts do not wear the disk), else it is dropped.
+  KV is copied straight into the host tier's buffer (``DeviceBlocks.save_to_host``), or
+  gathered and written to disk when there is no host tier. A block the host tier evicts
+  goes to disk if it was *used* at least ``disk_min_uses`` times (computed or hit;
+  Dynamo's frequency filter: one-off prompts do not wear the disk), else it is dropped.
 - A block stays in a lower tier when it is onboarded (the tiers are caches of the
   device cache, not a move): evicting it again costs no copy, and the router's view
   changes only by the device tier gaining it.
@@ -16,6 +16,9 @@ Design decisions:
   read, so a corrupt file shortens the hit and the rest is recomputed; ``place`` then
   copies them into the device blocks allocated for them, host blocks straight from the
   host buffer.
+- With a ``DiskPrefetcher``, disk blocks are read on its thread: ``prepare`` answers
+  ``waiting`` until every disk block the hit needs has been read, so the request stays
+  queued while the others keep running, and is admitted once its KV is in memory.
 - Every change in a lower tier is a KV event with that tier, on the engine's event log,
   so the router can weigh host and disk hits below device hits.
 - Counters per tier (``TierStats``) give usage and hit rates to the engine's stats.
@@ -32,6 +35,7 @@ from typing import Protocol
 import torch
 
 from dynask.kv.block_pool import BlockId, CachedBlock
+from dynask.kv.disk_prefetch import DiskPrefetcher
 from dynask.kv.disk_tier import DiskTier
 from dynask.kv.events import BlockRemoved, BlockStored, KVEventLog
 from dynask.kv.hashing import SequenceHash
@@ -87,6 +91,7 @@ class Onboarding:
 
     blocks: list[CachedBlock] = field(default_factory=list)
     disk_kv: dict[int, torch.Tensor] = field(default_factory=dict)
+    waiting: bool = False  # disk blocks are being read in the background: try again later
 
     @property
     def num_blocks(self) -> int:
@@ -129,6 +134,7 @@ class KVOffload:
         disk: DiskTier | None = None,
         disk_min_uses: int = 2,
         event_log: KVEventLog | None = None,
+        prefetcher: DiskPrefetcher | None = None,
     ) -> None:
         if host is None and disk is None:
             raise ValueError("KVOffload needs a host tier, a disk tier or both")
@@ -139,6 +145,7 @@ class KVOffload:
         self.host = host
         self.disk = disk
         self.disk_min_uses = disk_min_uses
+        self.prefetcher = prefetcher
         self._event_log = event_log
         self._counters = {KVTier.HOST: _Counters(), KVTier.DISK: _Counters()}
         capacity = (host.capacity_blocks if host else 0) + (disk.capacity_blocks if disk else 0)
@@ -195,10 +202,15 @@ class KVOffload:
     ) -> list[CachedBlock]:
         """The leading blocks of ``hashes`` held below, each tagged with its fastest tier."""
         found = []
+        disk_budget = self.prefetcher.max_blocks_per_request if self.prefetcher else None
         for block_hash, tokens in zip(hashes, token_chunks, strict=True):
             tier = self._holder(block_hash, tokens)
             if tier is None:
                 break
+            if tier is KVTier.DISK and disk_budget is not None:
+                if disk_budget == 0:
+                    break  # more than the reader keeps at once: the rest is recomputed
+                disk_budget -= 1
             found.append(CachedBlock(block_hash, None, tuple(tokens), tier))
         return found
 
@@ -209,6 +221,8 @@ class KVOffload:
         the device allocation that comes in between (evicting into the host tier) cannot
         push them out. Call ``place`` afterwards, always.
         """
+        if self._still_reading(found):
+            return Onboarding(waiting=True)
         onboarding = Onboarding()
         for position, block in enumerate(found):
             if block.tier is KVTier.DISK:
@@ -251,11 +265,25 @@ class KVOffload:
                 return tier.tier
         return None
 
+    def _still_reading(self, found: Sequence[CachedBlock]) -> bool:
+        """With a prefetcher: starts the reads ``found`` needs; True until all are done."""
+        if self.prefetcher is None:
+            return False
+        on_disk = [b for b in found if b.tier is KVTier.DISK]
+        unread = [b for b in on_disk if not self.prefetcher.ready(b.block_hash)]
+        self.prefetcher.request(unread)
+        return bool(unread)
+
     def _read_disk(self, block: CachedBlock) -> torch.Tensor | None:
         if self.disk is None:
             return None
-        kv = self.disk.read(block.block_hash, block.token_ids)
-        if kv is None:
+        held = self.disk.holds(block.block_hash, block.token_ids)
+        if self.prefetcher is not None:
+            loaded = self.prefetcher.take(block.block_hash)
+            kv = None if loaded is None else self.disk.settle(block.block_hash, loaded)
+        else:
+            kv = self.disk.read(block.block_hash, block.token_ids)
+        if kv is None and held:  # the tier dropped it: a bad file
             self._emit(BlockRemoved((block.block_hash,), KVTier.DISK))
         return kv
 

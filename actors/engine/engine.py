@@ -72,6 +72,10 @@ class LLMEngine:
         self._thread: threading.Thread | None = None
         self._rng = torch.Generator().manual_seed(config.seed)
         self._counters = {"steps": 0, "generated_tokens": 0, "prompt_tokens": 0}
+        self._idle_step = False  # the last step scheduled nothing (a disk read pending)
+        offload = self.parts.kv_manager.offload
+        if offload is not None and offload.prefetcher is not None:
+            offload.prefetcher.set_on_ready(self._wakeup.set)
 
     # ---- the API other threads call -------------------------------------------------
 
@@ -232,12 +236,16 @@ class LLMEngine:
             except Exception:
                 log.exception("engine step failed; aborting the requests in flight")
                 self._fail_in_flight()
+            if self._idle_step:  # waiting on a background disk read: sleep until it lands
+                self._wakeup.wait(timeout=0.05)
+                self._wakeup.clear()
 
     def step(self) -> list[RequestOutput]:
         """One scheduling step: schedule, run the model, apply results, emit deltas."""
         with self._step_lock:
             outputs = self._drain_inbox()
             out = self.scheduler.schedule()
+            self._idle_step = not out.chunks
             steps = self._burst_steps(out)
             if steps > 1:
                 outputs += self._run_burst(out, steps)

@@ -122,7 +122,11 @@ class KVCacheManager:
         return chunks, hashes
 
     def allocate(self, seq: Sequence, num_new_tokens: int, hit: PrefixHit = NO_HIT) -> bool:
-        """Reserves blocks for ``num_new_tokens`` more tokens (after ``hit``); False if full."""
+        """Reserves blocks for ``num_new_tokens`` more tokens (after ``hit``).
+
+        False if the blocks are not free, or while the hit's disk blocks are still being
+        read in the background (the sequence then waits, like one that does not fit).
+        """
         computed = seq.num_computed_tokens + hit.num_blocks * self.block_size
         blocks_needed = -(-(computed + num_new_tokens) // self.block_size)
         new_blocks = blocks_needed - len(seq.blocks) - len(hit.blocks)  # lower: new blocks too
@@ -132,6 +136,8 @@ class KVCacheManager:
         # Prepare the lower tiers' blocks first (disk files read, host blocks held): the
         # allocation below evicts device blocks into those tiers.
         onboarding = self._prepare_lower(hit)
+        if onboarding.waiting:
+            return False  # its disk blocks are being read; the others run meanwhile
         if hit.blocks:
             self.pool.touch(hit.blocks)
             seq.blocks.extend(hit.blocks)

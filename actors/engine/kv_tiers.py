@@ -16,6 +16,7 @@ import torch
 from dynask.actors.engine.config import EngineConfig
 from dynask.actors.engine.loader import cache_dir
 from dynask.actors.engine.model_runner import KVCacheSpec
+from dynask.kv.disk_prefetch import DiskPrefetcher
 from dynask.kv.disk_tier import DiskTier
 from dynask.kv.events import KVEventLog
 from dynask.kv.host_tier import HostTier
@@ -135,6 +136,7 @@ def build_kv_offload(
         disk=disk,
         disk_min_uses=config.kv_disk_min_uses,
         event_log=event_log,
+        prefetcher=DiskPrefetcher(disk) if disk is not None else None,
     )
     for stats in offload.stats():
         log.info(

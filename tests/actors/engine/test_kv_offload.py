@@ -23,7 +23,7 @@ def disk_tier(folder: Path) -> dict[str, object]:
     return {"kv_disk_gb": 64 * 5000 / GB, "kv_disk_path": str(folder), "kv_disk_min_uses": 1}
 
 
-def run(engine: LLMEngine, prompt: list[int]) -> tuple[tuple[int, ...], int]:
+def run(engine: LLMEngine, prompt: list[int]) -> tuple[list[int], int]:
     """Token ids of the whole output and the cached prompt tokens."""
     stream = engine.generate([prompt], PARAMS)[0]
     assert stream.usage is not None
@@ -107,3 +107,41 @@ def test_offload_tiers_need_prefix_caching() -> None:
 
     with pytest.raises(ValueError, match=r"'enable_prefix_caching' has value False"):
         EngineConfig(enable_prefix_caching=False, kv_host_gb=1.0)
+
+
+def test_a_disk_read_lets_the_running_requests_go_on(
+    tiny_llama_folder: Path, tmp_path: Path
+) -> None:
+    import os
+
+    a, b, c, other = prompts_of_lengths([100, 100, 100, 20], seed=14)
+    recomputed = run(make_engine(tiny_llama_folder, block_size=16), a)[0]
+    first = small_engine(tiny_llama_folder, **disk_tier(tmp_path))
+    run(first, a)
+    first_block = first.cached_prefix(a).hashes[0]
+    for prompt in (b, c):
+        run(first, prompt)  # a's 6 full blocks are now on disk only
+    engine = make_engine(tiny_llama_folder, block_size=16, num_kv_blocks=16, **disk_tier(tmp_path))
+    engine.start()
+    # a's first block file becomes a pipe nobody writes to yet: reading it blocks (a slow
+    # disk that never answers) until this test writes the file's bytes into it.
+    path = next(tmp_path.rglob(f"{first_block:016x}.kvblock"))
+    data = path.read_bytes()
+    path.unlink()
+    os.mkfifo(path)
+    try:
+        running = engine.add_request(other, SamplingParams(max_tokens=30, ignore_eos=True))
+        next(iter(running))  # it is running
+        waiting = engine.add_request(a, PARAMS)
+
+        running.wait(timeout=120)  # finishes while a's read hangs
+
+        assert not waiting.finished and waiting.received == []
+    finally:
+        with path.open("wb") as pipe:  # the read completes
+            pipe.write(data)
+    waiting.wait(timeout=120)
+    engine.shutdown()
+    assert waiting.token_ids == recomputed
+    assert waiting.usage is not None and waiting.usage.cached_tokens == 96
+    assert engine.stats().disk_hit_tokens == 96

@@ -14,6 +14,7 @@ from typing import Any
 from dynask.actors.engine.sampling import SamplingParams
 from dynask.actors.engine_protocol import Engine
 from dynask.actors.kv_transfer_service import (
+    DEFAULT_PREFILL_TIMEOUT_S,
     KVTransferService,
     RemotePrefillTicket,
     as_llm_engine,
@@ -55,12 +56,15 @@ class KVTransferMethods:
         )
         return None if ticket is None else ticket.pack()
 
-    async def prefill_remote(self, ticket: bytes, packed_request: bytes) -> int:
+    async def prefill_remote(
+        self, ticket: bytes, packed_request: bytes, timeout_s: float = DEFAULT_PREFILL_TIMEOUT_S
+    ) -> int:
         """Prefill side: computes the prompt's KV and sends the blocks the ticket asks
-        for to the decode actor; returns how many blocks were sent."""
+        for to the decode actor; returns how many blocks were sent. A prefill that takes
+        longer than ``timeout_s`` is aborted (the decode actor has stopped waiting)."""
         _, prompt, params = unpack_request(packed_request)
         return await self._kv_service().prefill_and_send(
-            RemotePrefillTicket.unpack(ticket), prompt, SamplingParams(**params)
+            RemotePrefillTicket.unpack(ticket), prompt, SamplingParams(**params), timeout_s
         )
 
     async def cancel_remote_prefill(self, request_id: str) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +45,8 @@ from dynask.kv.hashing import hash_seed
 from dynask.kv.transfer import KVTransport, TransferError, TransferId
 
 log = logging.getLogger(__name__)
+
+DEFAULT_PREFILL_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -206,16 +209,30 @@ class KVTransferService:
     # ---- prefill side -----------------------------------------------------------------
 
     async def prefill_and_send(
-        self, ticket: RemotePrefillTicket, prompt: list[int], params: SamplingParams
+        self,
+        ticket: RemotePrefillTicket,
+        prompt: list[int],
+        params: SamplingParams,
+        timeout_s: float = DEFAULT_PREFILL_TIMEOUT_S,
     ) -> int:
         """Computes the prompt's first ``ticket.num_blocks`` blocks, sends the ones the
-        decode actor lacks; returns how many were sent. Raises ``TransferError``."""
+        decode actor lacks; returns how many were sent. Raises ``TransferError``, also
+        when the prefill takes longer than ``timeout_s`` (the decode actor has stopped
+        waiting by then; the prefill is aborted and its blocks freed)."""
         engine = self.engine
         tokens = prompt[: ticket.num_blocks * engine.kv_block_size]
         seed = hash_seed(params.extra_keys)
         prefill = SamplingParams(max_tokens=1, ignore_eos=True, extra_keys=params.extra_keys)
-        stream = engine.add_request(tokens, prefill, f"{ticket.transfer_id}/prefill")
-        await asyncio.to_thread(stream.wait)
+        request_id = f"{ticket.transfer_id}/prefill"
+        stream = engine.add_request(tokens, prefill, request_id)
+        try:
+            await asyncio.to_thread(stream.wait, timeout_s)
+        except queue.Empty:
+            engine.abort(request_id)
+            self.counters["prefill_timeouts"] += 1
+            raise TransferError(
+                f"transfer {ticket.transfer_id}: the prefill took longer than {timeout_s:g} s"
+            ) from None
         if stream.finish_reason == "abort":
             raise TransferError(f"transfer {ticket.transfer_id}: the prefill was aborted")
         blocks = await asyncio.to_thread(

@@ -103,7 +103,9 @@ async def _serving(scenario: str, args: argparse.Namespace) -> list[ModeRow]:
         ms_per_block = LLAMA_8B_BLOCK_BYTES / (args.sim_gbps * 1e9) * 1000
         engine_args = {"speedup_ratio": 1.0, "kv_transfer_ms_per_block": ms_per_block}
         spec = EngineSpec(kind="mocker", model=None, engine_args=engine_args)
-        disagg = DisaggOptions(min_remote_prefill_tokens=1024)
+        disagg = DisaggOptions(
+            min_remote_prefill_tokens=1024, max_prefills_per_actor=args.max_prefills_per_actor
+        )
     else:
         spec = EngineSpec(kind="torch", model=None, engine_args={"kv_cache_gib": 0.25})
         disagg = DisaggOptions(min_remote_prefill_tokens=128)
@@ -161,6 +163,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--mocker-actors", type=int, default=4, help="actors per mode")
     parser.add_argument("--mocker-prefill", type=int, default=2, help="of them prefill")
+    parser.add_argument(
+        "--max-prefills-per-actor",
+        type=int,
+        default=DisaggOptions().max_prefills_per_actor,
+        help="mocker: in flight per prefill actor before decode actors prefill themselves",
+    )
     parser.add_argument("--mocker-rate", type=float, default=None, help="arrivals/s")
     parser.add_argument("--mocker-requests", type=int, default=None)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "disagg.json"))

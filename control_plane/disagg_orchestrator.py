@@ -160,7 +160,9 @@ class DisaggOrchestrator:
         self, plan: PrefillPlan, decode: ActorHandle, ticket: bytes, packed: bytes
     ) -> None:
         try:
-            blocks = await plan.prefill_actor.proxy.prefill_remote(ticket, packed)
+            blocks = await plan.prefill_actor.proxy.prefill_remote(
+                ticket, packed, self.options.transfer_timeout_s
+            )
         except Exception as exc:  # the decode actor falls back; say why in the log
             self.counters["remote_prefill_failed"] += 1
             log.warning(

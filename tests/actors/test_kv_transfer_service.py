@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,7 @@ from dynask.actors.engine.loader import load_tokenizer
 from dynask.actors.engine.sampling import SamplingParams
 from dynask.actors.kv_transfer_service import KVTransferService
 from dynask.actors.mocker_engine import MockerConfig, build_mocker_engine
-from dynask.kv.transfer import TransferHeader, make_transport
+from dynask.kv.transfer import TransferError, TransferHeader, make_transport
 from tests.actors.engine.helpers import make_engine, prompts_of_lengths
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
@@ -239,3 +241,33 @@ def test_client_gone_during_transfer_frees_both_sides(mockers: list[LLMEngine]) 
     assert received == {"fallback_aborted": 1, "pending_imports": 0}
     assert decode_engine.stats().num_running == decode_engine.stats().num_waiting == 0
     assert all_blocks_free(prefill_engine) and all_blocks_free(decode_engine)
+
+
+def test_prefill_slower_than_the_timeout_is_aborted(smollm2_folder: Path) -> None:
+    tokenizer = load_tokenizer(smollm2_folder)
+    slow = MockerConfig(num_kv_blocks=64, block_size=4, speedup_ratio=0.003)  # ~1 s a step
+    prefill_engine = build_mocker_engine(slow, tokenizer)
+    decode_engine = build_mocker_engine(replace(slow, speedup_ratio=0.0), tokenizer)
+    for engine in (prefill_engine, decode_engine):
+        engine.start()
+    prompt = list(range(700, 741))
+
+    async def main() -> dict[str, int]:
+        async with pair(prefill_engine, decode_engine) as (prefill, decode):
+            ticket = await decode.prepare_import("late", prompt, GREEDY, timeout_s=0.1)
+            assert ticket is not None
+            with pytest.raises(TransferError, match="the prefill took longer than 0.2 s"):
+                await prefill.prefill_and_send(ticket, prompt, GREEDY, timeout_s=0.2)
+            while decode.stats()["pending_imports"]:
+                await asyncio.sleep(0.01)
+            return prefill.stats()
+
+    try:
+        assert asyncio.run(main()) == {"prefill_timeouts": 1, "pending_imports": 0}
+        deadline = time.monotonic() + 30
+        while not all_blocks_free(prefill_engine) and time.monotonic() < deadline:
+            time.sleep(0.05)  # the abort frees the blocks at the start of the next step
+        assert all_blocks_free(prefill_engine) and all_blocks_free(decode_engine)
+    finally:
+        for engine in (prefill_engine, decode_engine):
+            engine.shutdown()

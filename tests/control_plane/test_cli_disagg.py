@@ -86,9 +86,15 @@ def test_roles_in_the_deploy_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_dynask_run_with_prefill_and_decode_workers(tokenizer_folder: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("transport", ["tcp", "ucxx"])
+def test_dynask_run_with_prefill_and_decode_workers(
+    tokenizer_folder: Path, tmp_path: Path, transport: str
+) -> None:
+    if transport == "ucxx":
+        pytest.importorskip("ucxx")
     args = ["--out", "mocker", str(tokenizer_folder), "--model-name", "m"]
     args += ["--prefill-workers", "1", "--decode-workers", "1", "--remote-prefill-min-tokens", "1"]
+    args += ["--kv-transport", transport]
     with sp.dynask_run(tmp_path, args) as (base, _):
         sp.wait_for_engines(base, 2)
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)

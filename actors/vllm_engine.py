@@ -12,8 +12,8 @@ Design decisions:
 - ``abort`` cancels the task: vLLM's ``generate`` aborts the request in the engine core
   on cancellation (its blocks are freed); the client's stream ends with ``abort``.
 - Engine-core processes: vLLM spawns them. A Dask worker started by a Nanny is a daemon
-  process, and Python refuses daemons children; the flag is lifted while the engine is
-  built (``_children_allowed``). vLLM's engine core watches its parent and exits when it
+  process, and Python lets no daemon process have children; the flag is lifted while the
+  engine is built (``_children_allowed``). vLLM's engine core watches its parent and exits when it
   dies, and ``shutdown`` stops it (SIGTERM, then SIGKILL after vLLM's own timeout).
 - Stats: vLLM hands its scheduler stats to a stat logger once per step; ours keeps the
   latest (running, waiting, KV usage) and running totals. The frontend's count of
@@ -78,19 +78,21 @@ class VLLMEngine:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name="dynask-vllm", daemon=True)
         self._thread.start()
-        self._subscriber: KVEventSubscriber | None = None
+        # Subscribed before vLLM binds the socket (ZMQ connects once it exists), so not even
+        # the first request's events can be published before the subscription is in place.
+        self._subscriber = KVEventSubscriber(self._endpoint, self._mirror)
+        self._subscriber.start()
         self._llm: Any = None
         try:
             self._llm = self._call(self._build(str(source.folder)), timeout=_START_TIMEOUT_S)
         except BaseException:
+            self._subscriber.close()
             self._stop_loop()
             raise
         config = self._llm.vllm_config
         self.kv_block_size: int = int(config.cache_config.block_size)
         self._num_kv_blocks = int(config.cache_config.num_gpu_blocks or 0)
         self.max_model_len = args.effective_max_model_len(int(config.model_config.max_model_len))
-        self._subscriber = KVEventSubscriber(self._endpoint, self._mirror)
-        self._subscriber.start()
 
     async def _build(self, folder: str) -> Any:
         from vllm.config import KVEventsConfig
@@ -174,8 +176,7 @@ class VLLMEngine:
             llm.shutdown()
             del llm  # now, not in vLLM's __del__ at interpreter exit (it fails there)
         finally:
-            if self._subscriber is not None:
-                self._subscriber.close()
+            self._subscriber.close()
             self._stop_loop()
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._endpoint.removeprefix("ipc://"))

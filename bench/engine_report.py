@@ -32,6 +32,7 @@ class BenchConfig:
     max_batched_tokens: int = 2048
     gpu_memory_utilization: float = 0.9
     vllm: bool = False  # also run out=vllm on the same prompts (engine_vllm.py)
+    decode_burst: int = 1  # the engine's decode_burst (greedy steps per host sync)
 
 
 @dataclass(frozen=True)

@@ -40,11 +40,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from dynask.control_plane.router import ROUTER_MODES
 from dynask.kv.prefix_index import TierOverlap
 
 KV_MODE = "kv"
-ROUTING_MODES = (KV_MODE, *ROUTER_MODES)
+ROUTING_MODES = (KV_MODE, "least-loaded", "round-robin", "random")
 DEFAULT_LOG_SIZE = 1000
 _NO_OVERLAP = TierOverlap()
 _CANDIDATE_COUNTS = (

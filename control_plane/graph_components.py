@@ -1,0 +1,61 @@
+"""The built-in graph components and the hook a custom Processor overrides.
+
+- ``Frontend``: the control plane's OpenAI-compatible HTTP server (one per graph).
+  Settings: ``served_model_name``, ``port`` (``--port`` wins).
+- ``Processor``: templating, tokenization and routing, done by the control plane.
+  Settings: ``router`` (kv | round-robin | ...), ``kv-overlap-weight``,
+  ``router-temperature``. A subclass that overrides ``process`` runs as a Dask actor,
+  and every request passes through it before it is tokenized and routed.
+- ``Worker`` / ``PrefillWorker`` / ``DecodeWorker``: engine deployments (role
+  aggregated / prefill / decode). Settings: ``model``, ``engine``, ``role`` and the
+  engine's own arguments (``kv-cache-gib``, ``max-num-seqs``, ...); ``workers`` replicas.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dynask.control_plane.graph_sdk import Component, service
+
+PROCESSED_KEYS = ("messages", "prompt")
+"""What ``Processor.process`` may change; the rest of a request is not its to touch."""
+
+
+@service(workers=1)
+class Frontend(Component):
+    kind = "frontend"
+
+
+@service(workers=1)
+class Processor(Component):
+    """``process(request) -> request`` sees ``{"model", "messages", "prompt"}`` (chat
+    requests have messages, completions a prompt) and returns it, changed or not. The
+    YAML section's settings (other than the router's) are in ``self.config``."""
+
+    kind = "processor"
+
+    def __init__(self, config: dict[str, Any] | None = None) -> None:
+        self.config = dict(config or {})
+
+    def process(self, request: dict[str, Any]) -> dict[str, Any]:
+        return request
+
+
+def overrides_process(cls: type) -> bool:
+    return issubclass(cls, Processor) and cls.process is not Processor.process
+
+
+@service(resources={"gpu": 1}, workers=1)
+class Worker(Component):
+    kind = "worker"
+    role = "aggregated"
+
+
+@service(resources={"gpu": 1}, workers=1)
+class PrefillWorker(Worker):
+    role = "prefill"
+
+
+@service(resources={"gpu": 1}, workers=1)
+class DecodeWorker(Worker):
+    role = "decode"

@@ -20,6 +20,7 @@ TABLES = {
     "api_keys",
     "deployments",
     "events",
+    "graphs",
     "workers",
 }
 

@@ -41,6 +41,20 @@ class Processor(Component):
         return request
 
 
+class ProcessorActor:
+    """The Dask actor that holds a custom Processor. The class arrives pickled by value
+    (``cloudpickle``): workers and the scheduler need not have the user's graph file."""
+
+    def __init__(self, pickled_class: bytes, config: dict[str, Any]) -> None:
+        import cloudpickle
+
+        self.processor = cloudpickle.loads(pickled_class)(config)
+
+    def process(self, request: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self.processor.process(request)
+        return result
+
+
 def overrides_process(cls: type) -> bool:
     return issubclass(cls, Processor) and cls.process is not Processor.process
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dynask.control_plane.errors import APIError
-from dynask.control_plane.graph_components import PROCESSED_KEYS
+from dynask.control_plane.graph_components import PROCESSED_KEYS, ProcessorActor
 from dynask.control_plane.graph_config import GraphPlan, plan_graph, read_graph_config
 from dynask.control_plane.graph_sdk import Graph, build_graph, unlink_all
 from dynask.control_plane.openai_schema import GenerationRequest
@@ -95,7 +95,10 @@ class ProcessorHook:
                 client = self._client()
                 if client is None:
                     raise APIError("the cluster is starting; retry", status=503, code="starting")
-                future = client.submit(self.cls, self.config, actor=True, pure=False)
+                import cloudpickle
+
+                pickled = cloudpickle.dumps(self.cls)
+                future = client.submit(ProcessorActor, pickled, self.config, actor=True, pure=False)
                 self._actor = await future
             return self._actor
 

@@ -100,7 +100,7 @@ def test_common_configs_merge_and_own_keys_win(tmp_path: Path) -> None:
     ("text", "message"),
     [
         ("VllmWorker: {}", "section 'VllmWorker' names no component"),
-        ("Engine: {common-configs: [model]}", "Engine 'common-configs' names 'model', which Common"),
+        ("Engine: {common-configs: [model]}", "Engine 'common-configs' names 'model'"),
         ("Engine: {engine: echo, speed: 2}", "Engine: engine argument 'speed' is not known"),
         ("Engine: {ServiceArgs: {workers: -1}}", "Engine ServiceArgs 'workers' has value -1"),
         ("Engine: {ServiceArgs: {cpus: 1}}", "Engine ServiceArgs has unknown key 'cpus'"),
@@ -110,9 +110,7 @@ def test_common_configs_merge_and_own_keys_win(tmp_path: Path) -> None:
         ("Common: [1]", "'Common' must be a mapping"),
     ],
 )
-def test_mistakes_name_the_component_key_and_value(
-    tmp_path: Path, text: str, message: str
-) -> None:
+def test_mistakes_name_the_component_key_and_value(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(ValueError) as caught:
         _plan(text, tmp_path)
     assert message in str(caught.value)

@@ -47,7 +47,10 @@ def graph_extension(plan: GraphPlan) -> Extension:
         if plan.processor is not None:
             runtime = control_plane.runtime
             control_plane.service.request_hook = ProcessorHook(
-                plan.processor, plan.processor_config, lambda: runtime.client
+                plan.processor,
+                plan.processor_config,
+                lambda: runtime.client,
+                plan.processor_handles,
             )
         return []
 

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from dynask.control_plane.graph_sdk import Component, service
@@ -41,14 +42,29 @@ class Processor(Component):
         return request
 
 
+@dataclass(frozen=True)
+class DeploymentRef:
+    """What a custom Processor's ``depends(SomeWorker)`` attribute is at run time: the
+    Worker's deployment and the model name requests for it carry."""
+
+    deployment: str
+    model: str
+
+
 class ProcessorActor:
     """The Dask actor that holds a custom Processor. The class arrives pickled by value
     (``cloudpickle``): workers and the scheduler need not have the user's graph file."""
 
-    def __init__(self, pickled_class: bytes, config: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        pickled_class: bytes,
+        config: dict[str, Any],
+        handles: dict[str, DeploymentRef] | None = None,
+    ) -> None:
         import cloudpickle
 
         self.processor = cloudpickle.loads(pickled_class)(config)
+        self.processor.__dict__["_dynask_handles"] = dict(handles or {})
 
     def process(self, request: dict[str, Any]) -> dict[str, Any]:
         result: dict[str, Any] = self.processor.process(request)

@@ -28,8 +28,14 @@ from typing import Any
 import yaml
 
 from dynask.control_plane.cluster import DeploymentPlan, served_name
-from dynask.control_plane.graph_components import Frontend, Processor, Worker, overrides_process
-from dynask.control_plane.graph_sdk import Graph, check_resources, service_spec
+from dynask.control_plane.graph_components import (
+    DeploymentRef,
+    Frontend,
+    Processor,
+    Worker,
+    overrides_process,
+)
+from dynask.control_plane.graph_sdk import Graph, check_resources, dependencies, service_spec
 from dynask.control_plane.kv_router import ROUTING_MODES
 
 COMMON = "Common"
@@ -52,6 +58,7 @@ class GraphPlan:
     frontend: dict[str, Any] = field(default_factory=dict)  # served_model_name, port, host
     processor: type | None = None  # a custom Processor to run as an actor
     processor_config: dict[str, Any] = field(default_factory=dict)
+    processor_handles: dict[str, DeploymentRef] = field(default_factory=dict)
 
 
 def read_graph_config(path: str) -> dict[str, Any]:
@@ -154,6 +161,13 @@ def plan_graph(graph: Graph, target: str, data: dict[str, Any], where: str) -> G
         component.update(service_args[cls.__name__])
         if issubclass(cls, Worker):
             component["deployment"] = f"{name}-{_slug(cls.__name__)}"
+    handles: dict[str, DeploymentRef] = {}
+    if customs:
+        for attr, dep in dependencies(customs[0]).items():
+            for cls, plan in zip(workers, deployments, strict=True):
+                if issubclass(cls, dep.target):
+                    handles[attr] = DeploymentRef(plan.name, plan.served_model_name)
+                    break
     return GraphPlan(
         name=name,
         target=target,
@@ -164,6 +178,7 @@ def plan_graph(graph: Graph, target: str, data: dict[str, Any], where: str) -> G
         frontend=frontend,
         processor=customs[0] if customs else None,
         processor_config=processor_config,
+        processor_handles=handles,
     )
 
 

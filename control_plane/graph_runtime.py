@@ -21,7 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from dynask.control_plane.errors import APIError
-from dynask.control_plane.graph_components import PROCESSED_KEYS, ProcessorActor
+from dynask.control_plane.graph_components import (
+    PROCESSED_KEYS,
+    DeploymentRef,
+    ProcessorActor,
+)
 from dynask.control_plane.graph_config import GraphPlan, plan_graph, read_graph_config
 from dynask.control_plane.graph_sdk import Graph, build_graph, unlink_all
 from dynask.control_plane.openai_schema import GenerationRequest
@@ -82,9 +86,16 @@ def load_graph_plan(target: str, config_path: str) -> GraphPlan:
 class ProcessorHook:
     """Passes each request through the custom processor actor."""
 
-    def __init__(self, cls: type, config: dict[str, Any], client_getter: Any) -> None:
+    def __init__(
+        self,
+        cls: type,
+        config: dict[str, Any],
+        client_getter: Any,
+        handles: dict[str, DeploymentRef] | None = None,
+    ) -> None:
         self.cls = cls
         self.config = config
+        self.handles = dict(handles or {})
         self._client = client_getter  # () -> the runtime's dask Client (None until started)
         self._actor: Any = None
         self._lock = asyncio.Lock()
@@ -98,7 +109,9 @@ class ProcessorHook:
                 import cloudpickle
 
                 pickled = cloudpickle.dumps(self.cls)
-                future = client.submit(ProcessorActor, pickled, self.config, actor=True, pure=False)
+                future = client.submit(
+                    ProcessorActor, pickled, self.config, self.handles, actor=True, pure=False
+                )
                 self._actor = await future
             return self._actor
 

@@ -23,6 +23,8 @@ class RewritingProcessor(Processor):
     worker = depends(RewriteWorker)
 
     def process(self, request: dict[str, Any]) -> dict[str, Any]:
+        if request["model"] != self.worker.model:  # the handle: RewriteWorker's deployment
+            raise ValueError(f"this graph serves {self.worker.model!r}, not {request['model']!r}")
         prefix = str(self.config.get("prefix", ""))
         if request["messages"] is not None:
             for message in request["messages"]:

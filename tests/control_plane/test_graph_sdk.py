@@ -94,6 +94,8 @@ def test_common_configs_merge_and_own_keys_win(tmp_path: Path) -> None:
     assert plan.processor is Rewriter  # type: ignore[attr-defined]
     assert plan.processor_config == {"prefix": "X "}  # type: ignore[attr-defined]
     assert plan.frontend == {"served_model_name": "m", "port": 9000}  # type: ignore[attr-defined]
+    handle = plan.processor_handles["engine"]  # type: ignore[attr-defined]
+    assert (handle.deployment, handle.model) == ("x-engine", "m")
 
 
 @pytest.mark.parametrize(

@@ -101,6 +101,11 @@ def test_a_custom_processor_rewrites_the_prompt_in_an_actor(
             timeout=60,
         ).json()
         assert completion["choices"][0]["text"].startswith("REWRITTEN plain")
+        refused = httpx.post(
+            f"{base}/v1/completions", json={"model": "other", "prompt": "x"}, timeout=60
+        )
+        assert refused.status_code == 400  # the processor's ValueError, named
+        assert "this graph serves 'tiny', not 'other'" in refused.json()["error"]["message"]
     finally:
         sp.stop(proc)
 

@@ -135,3 +135,11 @@ def test_a_bad_target_says_what_form_it_takes() -> None:
         load_graph_plan("graphs.agg", str(GRAPHS / "agg.yaml"))
     with pytest.raises(ValueError, match="has no component class 'Front'"):
         load_graph_plan(f"{GRAPHS / 'agg.py'}:Front", str(GRAPHS / "agg.yaml"))
+
+
+def test_serve_with_a_graph_target_needs_its_yaml(capsys: pytest.CaptureFixture[str]) -> None:
+    from dynask.control_plane.cli import main
+
+    target = f"{GRAPHS / 'agg.py'}:Frontend"
+    assert main(["serve", target, "--scheduler", "tcp://127.0.0.1:1"]) == 2
+    assert "needs the graph's settings: add -f CONFIG.yaml" in capsys.readouterr().err

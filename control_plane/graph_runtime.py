@@ -112,7 +112,14 @@ class ProcessorHook:
                 future = client.submit(
                     ProcessorActor, pickled, self.config, self.handles, actor=True, pure=False
                 )
-                self._actor = await future
+                try:
+                    self._actor = await asyncio.wait_for(future, PROCESS_TIMEOUT_S)
+                except Exception as exc:  # no worker, or the class fails to build
+                    raise APIError(
+                        f"the processor {self.cls.__name__} could not start: {exc}; retry",
+                        status=503,
+                        code="processor_unavailable",
+                    ) from exc
             return self._actor
 
     async def __call__(self, request: GenerationRequest) -> GenerationRequest:

@@ -150,9 +150,19 @@ def _add_run(run: argparse.ArgumentParser) -> None:
 
 
 def _add_serve(serve: argparse.ArgumentParser) -> None:
+    serve.add_argument(
+        "graph",
+        nargs="?",
+        default=None,
+        help="an inference graph, MODULE:Component (e.g. deploy/graphs/agg.py:Frontend); "
+        "then -f is its CONFIG.yaml",
+    )
     serve.add_argument("--scheduler", required=True, help="tcp://HOST:8786")
-    serve.add_argument("-f", "--file", dest="deploy_file", default=None, help="deploy.yaml")
+    serve.add_argument(
+        "-f", "--file", dest="deploy_file", default=None, help="deploy.yaml, or a graph's YAML"
+    )
     _add_common(serve, require_api_key=True)
+    serve.set_defaults(port=None)  # None: the graph's Frontend port, else 8000
     add_disagg_arguments(serve, embedded=False)
 
 

@@ -104,6 +104,15 @@ def _run_local(args: argparse.Namespace, model: str | None) -> int:
 
 
 def serve_command(args: argparse.Namespace, extensions: Sequence[Extension] = ()) -> int:
+    if getattr(args, "graph", None):
+        from dynask.control_plane.cli_graph import graph_extension, graph_plan_for
+
+        plan = graph_plan_for(args)
+        return _serve_http(
+            args, plan.deployments, args.scheduler, 0, [graph_extension(plan), *extensions]
+        )
+    if args.port is None:
+        args.port = 8000
     deployments = read_deploy_file(args.deploy_file) if args.deploy_file else []
     return _serve_http(
         args, deployments, scheduler=args.scheduler, n_workers=0, extensions=extensions

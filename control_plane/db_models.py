@@ -178,3 +178,16 @@ class ApiKeyRow(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_used_at: Mapped[datetime | None]
     revoked_at: Mapped[datetime | None]
+
+
+class GraphRow(Base):
+    """An inference graph served by ``dynask serve MODULE:Component -f CONFIG.yaml``."""
+
+    __tablename__ = "graphs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    target: Mapped[str] = mapped_column(String(1024))
+    description: Mapped[dict[str, Any]]  # components and links (Graph.describe)
+    config: Mapped[dict[str, Any]]  # each component's merged settings
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

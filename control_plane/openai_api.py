@@ -85,6 +85,8 @@ async def _serve(
 ) -> Response:
     started = time.monotonic()
     parsed = parse(await read_json(request))
+    if service.request_hook is not None:  # an inference graph's custom Processor
+        parsed = await service.request_hook(parsed)
     prepared = service.prepare(parsed, fmt.id_prefix)
     formatter = fmt(prepared, parsed.model)
     routed = service.route(prepared)  # before any response: a 503 stays a 503

@@ -12,7 +12,7 @@ import dataclasses
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,6 +121,8 @@ class ServingService:
             self.reliability.max_in_flight, self.reliability.max_queued_prefill_tokens
         )
         self.migration = RequestMigration(self.reliability, metrics, self.admission)
+        # An inference graph's custom Processor (graph_runtime.ProcessorHook), or None.
+        self.request_hook: Callable[[GenerationRequest], Awaitable[GenerationRequest]] | None = None
 
     # ---- actors -------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from starlette.routing import Route
 
 from dynask.control_plane.db_models import ROLES
 from dynask.control_plane.deployment_admin import DEPLOYABLE_ENGINES
+from dynask.control_plane.graph_store import stored_graphs
 from dynask.web.deps import AdminDeps
 from dynask.web.forms import MAX_REPLICAS, DeploymentForm
 from dynask.web.snapshot import take_snapshot
@@ -103,6 +104,7 @@ async def deployments_context(deps: AdminDeps, form: DeploymentForm) -> dict[str
         "engines": DEPLOYABLE_ENGINES,
         "roles": ROLES,
         "max_replicas": MAX_REPLICAS,
+        "graphs": await asyncio.to_thread(stored_graphs, deps.repo.engine),
     }
 
 

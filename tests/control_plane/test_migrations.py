@@ -20,6 +20,7 @@ TABLES = {
     "api_keys",
     "deployments",
     "events",
+    "graphs",
     "workers",
 }
 
@@ -42,12 +43,12 @@ def test_a_new_database_has_no_revision(db_engine: Engine) -> None:
 def test_upgrade_creates_exactly_the_tables(db_engine: Engine) -> None:
     upgrade(db_engine)
     assert _tables(db_engine) == TABLES
-    assert current_revision(db_engine) == "0004"
+    assert current_revision(db_engine) == "0005"
 
 
 def test_upgrade_by_url_opens_its_own_engine(db_url: str, db_engine: Engine) -> None:
     upgrade(db_url)
-    assert current_revision(db_url) == "0004"
+    assert current_revision(db_url) == "0005"
     assert _tables(db_engine) == TABLES
 
 
@@ -55,7 +56,7 @@ def test_upgrade_is_idempotent(db_engine: Engine) -> None:
     upgrade(db_engine)
     upgrade(db_engine)
     assert _tables(db_engine) == TABLES
-    assert current_revision(db_engine) == "0004"
+    assert current_revision(db_engine) == "0005"
 
 
 def test_downgrade_to_base_removes_the_tables(db_engine: Engine) -> None:

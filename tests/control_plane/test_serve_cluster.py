@@ -149,7 +149,7 @@ def test_db_upgrade_command(tmp_path: Path) -> None:
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == f"{db}: schema revision 0004"
+    assert done.stdout.strip() == f"{db}: schema revision 0005"
 
 
 def test_serve_without_deployments_says_what_to_do(tmp_path: Path) -> None:

@@ -9,9 +9,11 @@ Design decisions:
   for ITL, an aggregated one for both (the worse ratio counts). A KV cache nearly full
   counts as a miss: the next requests would wait or be preempted.
 - Load is predicted one window ahead by the linear trend of the request rate (this
-  window's rate plus its change since the previous window). Scaling up sizes for the
-  predicted load, assuming latency grows in proportion to load per replica:
-  ``ceil(replicas * ratio * growth)``, at most ``max_step`` more at a time.
+  window's rate plus its change since the previous window). Scaling up starts when a
+  p90 passes ``scale_up_at`` of its target (headroom: a p90 at the target still leaves
+  10% of requests over it) and sizes for the predicted load, assuming latency grows in
+  proportion to load per replica: ``ceil(replicas * ratio / scale_up_at * growth)``, at
+  most ``max_step`` more at a time.
 - Scaling down is cautious: one replica at a time, only when the rate is not rising and
   the latency projected on one replica fewer (the same proportional model, which
   overestimates when a fixed step cost dominates) stays under ``scale_down_margin`` of
@@ -42,7 +44,8 @@ class PlannerConfig:
     max_workers: int = 8  # the budget: replicas of all planned deployments together
     interval_s: float = 5.0
     window_s: float = 10.0  # requests of this many seconds make one observation
-    scale_down_margin: float = 0.7
+    scale_up_at: float = 0.8  # of the target: headroom, as the targets are p90s
+    scale_down_margin: float = 0.6
     max_step: int = 2
     dry_run: bool = False
 
@@ -56,11 +59,12 @@ class PlannerConfig:
             self.max_workers,
             f"an integer >= max(1, min_replicas={self.min_replicas})",
         )
+        _check(0 < self.scale_up_at <= 1, "scale_up_at", self.scale_up_at, "a number in (0, 1]")
         _check(
-            0 < self.scale_down_margin < 1,
+            0 < self.scale_down_margin < self.scale_up_at,
             "scale_down_margin",
             self.scale_down_margin,
-            "a number in (0, 1)",
+            f"a number in (0, scale_up_at={self.scale_up_at:g})",
         )
         _check(self.max_step >= 1, "max_step", self.max_step, "an integer >= 1")
 
@@ -128,13 +132,14 @@ def _wanted(config: PlannerConfig, load: DeploymentLoad) -> tuple[int, str, floa
         return n, "no requests", 0.0
     ratio, measured = _latency_ratio(config, load)
     if load.kv_usage >= KV_USAGE_LIMIT:
-        ratio = max(ratio, 1.0 + 1e-9)
+        ratio = max(ratio, config.scale_up_at + 1e-9)
         measured += f", KV cache {load.kv_usage:.0%} full"
     rate = load.latency.request_rate
     growth = _growth(rate, load.previous_rate)
     load_text = f"{rate:.2f} req/s (predicted {rate * growth:.2f})"
-    if ratio > 1.0 or n < max(floor, 1):
-        target = math.ceil(max(n, 1) * ratio * growth) if ratio > 1.0 else max(floor, 1)
+    if ratio > config.scale_up_at or n < max(floor, 1):
+        pressed = ratio > config.scale_up_at
+        target = math.ceil(max(n, 1) * ratio / config.scale_up_at * growth) if pressed else 1
         count = min(max(target, n + 1), n + config.max_step)
         return count, f"{measured} at {load_text}: {n} -> {count}", ratio
     if n > floor and n > 1 and growth <= 1.0:

@@ -10,7 +10,14 @@ from dynask.control_plane.cli_planner import add_planner_args, planner_config
 from dynask.control_plane.latency_window import LatencySummary, LatencyWindow, percentile
 from dynask.control_plane.planner import DeploymentLoad, PlannerConfig, decide
 
-CONFIG = PlannerConfig(ttft_target_ms=200, itl_target_ms=20, max_workers=6, window_s=10)
+CONFIG = PlannerConfig(
+    ttft_target_ms=200,
+    itl_target_ms=20,
+    max_workers=6,
+    window_s=10,
+    scale_up_at=1.0,
+    scale_down_margin=0.7,
+)
 
 
 def load(
@@ -76,6 +83,13 @@ def test_roles_answer_for_their_own_target() -> None:
     assert aggregated.reasons["a"].startswith("ITL p90 50.0 ms (target 20)")
 
 
+def test_headroom_scales_up_before_the_target_is_missed() -> None:
+    config = PlannerConfig(itl_target_ms=20, window_s=10)  # scale_up_at 0.8
+    decision = decide(config, [load(itl_ms=17.0)], None)  # 85% of the target
+    assert decision.replicas == {"decode": 3}  # ceil(2 * 0.85 / 0.8) = 3
+    assert decide(config, [load(itl_ms=15.0)], None).replicas == {}  # 75%: keep
+
+
 def test_a_full_kv_cache_counts_as_a_miss() -> None:
     decision = decide(CONFIG, [load(itl_ms=10.0, kv_usage=0.95)], None)
     assert decision.replicas == {"decode": 3}
@@ -113,7 +127,8 @@ def test_no_decision_while_actors_start_or_metrics_settle() -> None:
     [
         ("itl_target_ms", 0, "'itl_target_ms' has value 0; expected a number > 0"),
         ("max_workers", 0, "'max_workers' has value 0; expected an integer >= max"),
-        ("scale_down_margin", 1.0, "'scale_down_margin' has value 1.0; expected a number in"),
+        ("scale_down_margin", 0.9, "'scale_down_margin' has value 0.9; expected a number in"),
+        ("scale_up_at", 1.5, "'scale_up_at' has value 1.5; expected a number in"),
         ("min_replicas", -1, "'min_replicas' has value -1; expected an integer >= 0"),
     ],
 )

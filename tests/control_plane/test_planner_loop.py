@@ -148,3 +148,54 @@ def test_the_planner_follows_a_load_step_up_and_down(
     scaled = [e for e in repo.recent_events(200) if e.kind == "deployment.scaled"]
     assert {e.who for e in scaled} == {"planner"}
     assert any(e.kind == "planner.hold" for e in events)
+
+
+@pytest.mark.slow
+def test_scaling_down_lets_the_retired_actor_finish_its_requests(
+    repo: Repository, tokenizer_folder: Path
+) -> None:
+    """Regression: the reconciler stopped a retired actor at once, failing its requests."""
+
+    async def scenario() -> list[tuple[str | None, int]]:
+        async with LocalCluster(
+            n_workers=2, processes=False, asynchronous=True, dashboard_address=None
+        ) as cluster:
+            service = ServingService(ServingMetrics())
+            runtime = ClusterRuntime(service, [], scheduler_address=cluster.scheduler_address)
+            planner = PlannerLoop(PlannerConfig(), runtime, repo)
+            await runtime.start()
+            spec = DeploymentSpec(
+                name="decode",
+                model=str(tokenizer_folder),
+                engine="mocker",
+                replicas=2,
+                engine_args={"speedup_ratio": 1.0, "num_kv_blocks": 256},  # ~6 ms a token
+                served_model_name=MODEL,
+            )
+            await planner.admin.create(spec, "test")
+            try:
+                while len(service.ready_actors()) < 2:
+                    await asyncio.sleep(0.05)
+                async with served(service) as client:
+                    requests = [
+                        asyncio.create_task(
+                            client.completions.create(
+                                model=MODEL,
+                                prompt=[200 + i] * 20,
+                                max_tokens=100,
+                                extra_body={"ignore_eos": True},
+                            )
+                        )
+                        for i in range(4)
+                    ]
+                    while sum(1 for h in service.ready_actors() if h.in_flight) < 2:
+                        await asyncio.sleep(0.01)
+                    await planner.admin.scale("decode", 1, "test")
+                    replies = await asyncio.gather(*requests)
+                    while len(service.ready_actors()) > 1:
+                        await asyncio.sleep(0.05)
+            finally:
+                await runtime.stop()
+            return [(r.choices[0].finish_reason, r.usage.completion_tokens) for r in replies]
+
+    assert asyncio.run(scenario()) == [("length", 100)] * 4

@@ -15,7 +15,6 @@ Design decisions:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -69,8 +68,10 @@ class PlannerLoop:
 
     async def step(self) -> PlanDecision:
         """One round: refresh the actors' stats, observe, decide, apply."""
-        with contextlib.suppress(Exception):  # a lost actor: the reconciler replaces it
+        try:
             await self.runtime.refresh_stats()
+        except Exception as exc:  # a lost actor: the reconciler replaces it
+            log.debug("planner: stats refresh failed: %s", exc)
         loads = self.observe()
         decision = decide(self.config, loads, self._settled_for(loads))
         self.decisions = [*self.decisions[-99:], decision]
@@ -132,7 +133,13 @@ class PlannerLoop:
             await self._grow_cluster()
 
     async def _log_hold(self, hold: str) -> None:
-        kind = hold.split(" ", 2)[1] if hold.startswith("waiting") else "keep"
+        kind = (
+            "starting"
+            if hold.startswith("waiting for actors")
+            else "settling"
+            if hold.startswith("waiting for")
+            else "keep"
+        )
         if kind == self._last_hold_kind:
             return
         self._last_hold_kind = kind

@@ -147,7 +147,8 @@ def test_the_planner_follows_a_load_step_up_and_down(
     assert reasons == {"ITL", "no"}  # "ITL p90 ... (target ...)" and "no requests ..."
     scaled = [e for e in repo.recent_events(200) if e.kind == "deployment.scaled"]
     assert {e.who for e in scaled} == {"planner"}
-    assert any(e.kind == "planner.hold" for e in events)
+    holds = [e.details["reason"] for e in events if e.kind == "planner.hold"]
+    assert any(h.startswith("waiting for 0.5s of metrics since the last change") for h in holds)
 
 
 @pytest.mark.slow
@@ -199,3 +200,25 @@ def test_scaling_down_lets_the_retired_actor_finish_its_requests(
             return [(r.choices[0].finish_reason, r.usage.completion_tokens) for r in replies]
 
     assert asyncio.run(scenario()) == [("length", 100)] * 4
+
+
+def test_an_embedded_cluster_grows_to_the_planned_replicas_within_the_budget(
+    repo: Repository, tokenizer_folder: Path
+) -> None:
+    async def scenario() -> int:
+        async with LocalCluster(
+            n_workers=1, processes=False, asynchronous=True, dashboard_address=None
+        ) as cluster:
+            runtime = ClusterRuntime(ServingService(ServingMetrics()), [])
+            runtime.cluster = cluster  # as ``dynask run`` has it (the test closes it)
+            planner = PlannerLoop(PlannerConfig(max_workers=2), runtime, repo)
+            spec = DeploymentSpec(
+                name="decode", model=str(tokenizer_folder), engine="mocker", replicas=3
+            )
+            await planner.admin.create(spec, "test")  # no client yet: nothing starts
+            await planner._grow_cluster()
+            await cluster.wait_for_workers(2)  # type: ignore[no-untyped-call]
+            assert len(cluster.worker_spec) == 2  # what it asked for: the budget, not 3
+            return len(cluster.scheduler.workers)
+
+    assert asyncio.run(scenario()) == 2

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dynask.control_plane.cli_commands import ENGINE_FORMS, IN_MODES, run_command, serve_command
 from dynask.control_plane.cli_disagg import add_disagg_arguments
 from dynask.control_plane.cli_keys import add_keys_parser, keys_command
+from dynask.control_plane.cli_planner import add_planner_args
 from dynask.control_plane.cli_reliability import add_reliability_args
 from dynask.control_plane.kv_router import KV_MODE, ROUTING_MODES
 
@@ -52,6 +53,7 @@ def _add_common(cmd: argparse.ArgumentParser, require_api_key: bool) -> None:
     cmd.add_argument("--log-level", default="WARNING")
     _add_routing(cmd)
     add_reliability_args(cmd)
+    add_planner_args(cmd)
 
 
 def _add_routing(cmd: argparse.ArgumentParser) -> None:

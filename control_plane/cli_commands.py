@@ -126,6 +126,7 @@ def _serve_http(
     n_workers: int,
     extensions: Sequence[Extension] = (),
 ) -> int:
+    from dynask.control_plane.cli_planner import planner_config
     from dynask.control_plane.cli_reliability import reliability_options
     from dynask.control_plane.http_server import ControlPlane, ServerOptions
     from dynask.control_plane.model_routing import RoutingOptions
@@ -147,5 +148,6 @@ def _serve_http(
         require_api_key=args.require_api_key,
         disagg=disagg_options(args),
         reliability=reliability_options(args),
+        planner=planner_config(args),
     )
     return ControlPlane(deployments, options, extensions).serve()

@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 RECONCILE_INTERVAL_S = 5.0
 ACTOR_START_TIMEOUT_S = 900.0  # creating an actor and loading its model
+DRAIN_TIMEOUT_S = 60.0  # a retired actor finishes its requests for at most this long
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,7 @@ class ClusterRuntime:
                 continue
             self.service.remove_actor(name)
             del self._handles[name]
+            await _drain(handle)
             await self._stop_handle(handle)
             await self._forget(name)
             self._on_actor_event(name, "stopped", {"worker": handle.worker})
@@ -302,6 +304,17 @@ class ClusterRuntime:
             closing = self.cluster.close()
             if closing is not None:
                 await closing
+
+
+async def _drain(handle: ActorHandle) -> None:
+    """Waits for a retired actor's requests (no new ones reach it) to finish, so scaling
+    down loses none; after ``DRAIN_TIMEOUT_S`` the rest are stopped with it."""
+    deadline = asyncio.get_running_loop().time() + DRAIN_TIMEOUT_S
+    while handle.in_flight and not handle.broken:
+        if asyncio.get_running_loop().time() > deadline:
+            log.warning("stopping %s with %d requests unfinished", handle.name, handle.in_flight)
+            return
+        await asyncio.sleep(0.05)
 
 
 async def _stop_quietly(proxy: Any) -> None:

@@ -29,6 +29,8 @@ from dynask.control_plane.database import default_database_url, make_engine, upg
 from dynask.control_plane.disagg_orchestrator import DisaggOptions
 from dynask.control_plane.metrics import ServingMetrics
 from dynask.control_plane.model_routing import RoutingOptions
+from dynask.control_plane.planner import PlannerConfig
+from dynask.control_plane.planner_loop import PlannerLoop
 from dynask.control_plane.reliability_options import ReliabilityOptions
 from dynask.control_plane.repository import Repository
 from dynask.control_plane.service import ServingService
@@ -51,6 +53,7 @@ class ServerOptions:
     require_api_key: bool = False  # /v1 needs ``Authorization: Bearer KEY``
     disagg: DisaggOptions = field(default_factory=DisaggOptions)  # prefill/decode roles
     reliability: ReliabilityOptions = field(default_factory=ReliabilityOptions)
+    planner: PlannerConfig | None = None  # None: no autoscaling
 
 
 Extension = Callable[["ControlPlane"], list[BaseRoute]]
@@ -84,6 +87,9 @@ class ControlPlane:
             on_actor_event=self.recorder,
         )
         self.startup_error: BaseException | None = None
+        self.planner = (
+            PlannerLoop(options.planner, self.runtime, self.repo) if options.planner else None
+        )
         self.server: uvicorn.Server | None = None
         extra = [route for extend in extensions for route in extend(self)]
         guard = [Middleware(RequireApiKey, guard=self.key_guard)] if options.require_api_key else []
@@ -134,6 +140,8 @@ class ControlPlane:
         finally:
             stats.cancel()
             starting.cancel()
+            if self.planner is not None:
+                self.planner.stop()
             await self.runtime.stop()
             await asyncio.to_thread(self.recorder.close)
 
@@ -141,6 +149,8 @@ class ControlPlane:
         if task.cancelled():
             return
         if task.exception() is None:
+            if self.planner is not None:
+                self.planner.start()
             self._announce_ready()
             return
         self.startup_error = task.exception()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from dynask.control_plane.latency_window import LatencyWindow
+
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _DECISION_BUCKETS = (5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2.5e-3, 1e-2)
 _BLOCK_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
@@ -60,6 +62,7 @@ class ServingMetrics:
         self._add_kv_tier_metrics()
         self._add_reliability_metrics()
         self._prompt_tokens_seen: dict[str, list[int]] = {}  # model -> [prompt, cached]
+        self.latency_window = LatencyWindow()  # recent requests, read by the planner
 
     def _add_routing_metrics(self) -> None:
         r = self.registry

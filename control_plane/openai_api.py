@@ -115,13 +115,15 @@ async def _tracked(
     ttft, itl = metrics.ttft.labels(model), metrics.itl.labels(model)  # resolved once
     output_tokens = metrics.output_tokens.labels(model)
     metrics.in_flight.inc()
-    status, last = "error", None
+    status, last, first, tokens = "error", None, 0.0, 0
     try:
         async for outputs in service.generate(routed):
             now = time.monotonic()
             if last is None:
+                first = now
                 ttft.observe(now - started)
             else:
+                tokens += len(outputs)
                 for _ in outputs:
                     itl.observe((now - last) / len(outputs))
             last = now
@@ -132,6 +134,7 @@ async def _tracked(
                 metrics.observe_usage(model, final.usage.prompt_tokens, final.usage.cached_tokens)
             yield outputs
         status = "ok"
+        metrics.latency_window.observe_stream(model, first - started, last, first, tokens)
     finally:
         metrics.in_flight.dec()
         metrics.requests.labels(model, prepared.request_id.split("-")[0], status).inc()

@@ -163,7 +163,7 @@ class ClusterRuntime:
 
     async def _stop_surplus(self) -> None:
         wanted = {d.name: d.replicas for d in self.deployments}
-        for name, handle in sorted(self._handles.items(), reverse=True):  # newest first
+        for name, handle in sorted(self._handles.items(), key=newest_first, reverse=True):
             if self._count(handle.deployment) <= wanted.get(handle.deployment, 0):
                 continue
             self.service.remove_actor(name)
@@ -322,3 +322,10 @@ async def _stop_quietly(proxy: Any) -> None:
         await asyncio.wait_for(proxy.stop(), timeout=10)
     except Exception as exc:  # stopping: report, keep closing the rest
         log.warning("stopping an engine actor failed: %s", exc)
+
+
+def newest_first(item: tuple[str, Any]) -> tuple[str, int]:
+    """Sort key of ``(actor name, …)``: actors are named ``DEPLOYMENT-N`` with N counting
+    up, so by deployment, then by N as a number (``decode-10`` after ``decode-9``)."""
+    base, _, index = item[0].rpartition("-")
+    return (base, int(index)) if index.isdigit() else (item[0], -1)

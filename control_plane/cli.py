@@ -20,6 +20,7 @@ from dynask.control_plane.cli_disagg import add_disagg_arguments
 from dynask.control_plane.cli_keys import add_keys_parser, keys_command
 from dynask.control_plane.cli_planner import add_planner_args
 from dynask.control_plane.cli_reliability import add_reliability_args
+from dynask.control_plane.cli_types import non_negative_float, positive_int
 from dynask.control_plane.kv_router import KV_MODE, ROUTING_MODES
 
 
@@ -68,48 +69,28 @@ def _add_routing(cmd: argparse.ArgumentParser) -> None:
     )
     routing.add_argument(
         "--kv-overlap-weight",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=1.0,
         help="cost of one prefill block against one decode block (default 1.0)",
     )
     routing.add_argument(
         "--router-temperature",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=0.0,
         help="0: lowest cost wins; > 0: sample by softmax over the costs",
     )
     routing.add_argument(
         "--max-active-blocks",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="503 when every engine has this many KV blocks in flight (default: no limit)",
     )
     routing.add_argument(
         "--max-queue",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="503 when every engine has this many requests waiting (default: no limit)",
     )
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"has value {text!r}; expected a number >= 0")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"has value {text!r}; expected an integer >= 1")
-    return value
 
 
 def _add_run(run: argparse.ArgumentParser) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+from dynask.control_plane.cli_types import non_negative_int
 from dynask.control_plane.cluster import DeploymentPlan
 from dynask.control_plane.disagg_orchestrator import DECODE_ROLE, PREFILL_ROLE, DisaggOptions
 from dynask.kv.transfer import TRANSPORTS
@@ -23,12 +24,15 @@ def add_disagg_arguments(cmd: argparse.ArgumentParser, embedded: bool) -> None:
     if embedded:
         group.add_argument(
             "--prefill-workers",
-            type=_count,
+            type=non_negative_int,
             default=0,
             help="workers whose engines only prefill (with --decode-workers; replaces --workers)",
         )
         group.add_argument(
-            "--decode-workers", type=_count, default=0, help="workers whose engines decode"
+            "--decode-workers",
+            type=non_negative_int,
+            default=0,
+            help="workers whose engines decode",
         )
     group.add_argument(
         "--kv-transport",
@@ -38,14 +42,14 @@ def add_disagg_arguments(cmd: argparse.ArgumentParser, embedded: bool) -> None:
     )
     group.add_argument(
         "--remote-prefill-min-tokens",
-        type=_count,
+        type=non_negative_int,
         default=_DEFAULTS.min_remote_prefill_tokens,
         help="prompts with fewer tokens uncached on the decode engine prefill there "
         f"(default {_DEFAULTS.min_remote_prefill_tokens})",
     )
     group.add_argument(
         "--max-prefills-per-worker",
-        type=_count,
+        type=non_negative_int,
         default=_DEFAULTS.max_prefills_per_actor,
         help="remote prefills in flight per prefill engine; when all are at it, the decode "
         f"engine prefills (default {_DEFAULTS.max_prefills_per_actor})",
@@ -97,13 +101,3 @@ def embedded_deployments(
         for role, replicas in ((PREFILL_ROLE, prefill), (DECODE_ROLE, decode))
     ]
     return plans, prefill + decode
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"has value {text!r}; expected an integer >= 0")
-    return value

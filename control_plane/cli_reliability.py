@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from dynask.control_plane.cli_types import non_negative_int
 from dynask.control_plane.reliability_options import (
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_MAX_QUEUED_PREFILL_TOKENS,
@@ -17,7 +18,7 @@ def add_reliability_args(cmd: argparse.ArgumentParser) -> None:
     group = cmd.add_argument_group("reliability (lost workers, overload)")
     group.add_argument(
         "--migration-limit",
-        type=_count,
+        type=non_negative_int,
         default=3,
         help="times one request may move to another engine when its own is lost "
         "(default 3; 0: never move)",
@@ -67,16 +68,6 @@ def reliability_options(args: argparse.Namespace) -> ReliabilityOptions:
         max_in_flight=args.max_in_flight,
         max_queued_prefill_tokens=args.max_queued_prefill_tokens,
     )
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"has value {text!r}; expected an integer >= 0")
-    return value
 
 
 def _seconds(text: str) -> float:

@@ -34,8 +34,8 @@ from typing import Any
 from disagg_serving import ModeRow, Workload, mode_roles, run_mode
 from disagg_transfer import measure
 
-from dynask.actors.engine_factory import EngineSpec
-from dynask.control_plane.disagg_orchestrator import DisaggOptions
+from dynask.actors.runtime.engine_factory import EngineSpec
+from dynask.control_plane.disagg.orchestrator import DisaggOptions
 
 LLAMA_8B_BLOCK_BYTES = 32 * 2 * 8 * 128 * 2 * 16  # layers·(K,V)·kv_heads·head_dim·bf16·tokens
 

@@ -28,12 +28,12 @@ from typing import Any
 
 from distributed import Client, LocalCluster
 
-from dynask.actors.engine_actor import EngineActor
-from dynask.actors.engine_factory import EngineSpec
-from dynask.control_plane.actor_handle import ActorHandle
-from dynask.control_plane.disagg_orchestrator import KV_TRANSFER_ADDRESS, DisaggOptions
-from dynask.control_plane.metrics import ServingMetrics
-from dynask.control_plane.service import PreparedRequest, ServingService
+from dynask.actors.runtime.engine_actor import EngineActor
+from dynask.actors.runtime.engine_factory import EngineSpec
+from dynask.control_plane.disagg.orchestrator import KV_TRANSFER_ADDRESS, DisaggOptions
+from dynask.control_plane.serving.actor_handle import ActorHandle
+from dynask.control_plane.serving.metrics import ServingMetrics
+from dynask.control_plane.serving.service import PreparedRequest, ServingService
 
 MODEL = "m"
 

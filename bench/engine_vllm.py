@@ -20,8 +20,8 @@ from typing import Any
 
 from engine_report import BenchConfig, HFRun, OursRun, ThroughputRow
 
-from dynask.actors.engine.sampling import SamplingParams
-from dynask.actors.vllm_args import VLLMArgs
+from dynask.actors.api.sampling_params import SamplingParams
+from dynask.actors.backends.vllm.args import VLLMArgs
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class VLLMSide:
     """A started vLLM engine that runs each batch's prompts after ours and HF's."""
 
     def __init__(self, config: BenchConfig) -> None:
-        from dynask.actors.vllm_engine import VLLMEngine
+        from dynask.actors.backends.vllm.engine import VLLMEngine
 
         if config.random_model is not None:
             raise ValueError("--vllm runs the bundled model only; drop --random-model")

@@ -48,6 +48,7 @@ from typing import Any
 
 import torch
 
+from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.engine.config import EngineConfig
 from dynask.actors.engine.engine import LLMEngine
 from dynask.actors.engine.engine_parts import LoadedModel, assemble_engine_parts
@@ -59,7 +60,6 @@ from dynask.actors.engine.loader import (
     resolve_model,
 )
 from dynask.actors.engine.model_config import ModelConfig
-from dynask.actors.engine.sampling import SamplingParams
 
 GB = 10**9
 BLOCK = 16

@@ -29,16 +29,16 @@ import uvicorn
 from distributed import LocalCluster
 
 from dynask.actors.engine.loader import resolve_model
-from dynask.control_plane.app import build_app
-from dynask.control_plane.cluster import ClusterRuntime
-from dynask.control_plane.database import make_engine, upgrade
-from dynask.control_plane.deployment_admin import DeploymentAdmin
-from dynask.control_plane.latency_window import percentile
-from dynask.control_plane.metrics import ServingMetrics
-from dynask.control_plane.planner import PlannerConfig
-from dynask.control_plane.planner_loop import PlannerLoop
-from dynask.control_plane.repository import DeploymentSpec, Repository
-from dynask.control_plane.service import ServingService
+from dynask.control_plane.api.app import build_app
+from dynask.control_plane.cluster.deployment_admin import DeploymentAdmin
+from dynask.control_plane.cluster.reconciler import ClusterRuntime
+from dynask.control_plane.planner.decision import PlannerConfig
+from dynask.control_plane.planner.loop import PlannerLoop
+from dynask.control_plane.serving.latency_window import percentile
+from dynask.control_plane.serving.metrics import ServingMetrics
+from dynask.control_plane.serving.service import ServingService
+from dynask.control_plane.state.database import make_engine, upgrade
+from dynask.control_plane.state.repository import DeploymentSpec, Repository
 
 MODEL = "bench"
 PORT = 8791

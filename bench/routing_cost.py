@@ -36,7 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from dynask.control_plane.kv_router import Candidate, KVRouter, RouterConfig
+from dynask.control_plane.routing.kv_router import Candidate, KVRouter, RouterConfig
 from dynask.kv.events import BlockStored, KVEventRecord
 from dynask.kv.hashing import SequenceHash, block_hashes
 from dynask.kv.prefix_index import PrefixIndex

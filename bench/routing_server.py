@@ -24,13 +24,13 @@ from typing import Any
 import uvicorn
 from distributed import Client, LocalCluster
 
-from dynask.actors.engine_actor import EngineActor
-from dynask.actors.engine_factory import EngineSpec
-from dynask.control_plane.actor_handle import ActorHandle
-from dynask.control_plane.app import build_app
-from dynask.control_plane.metrics import ServingMetrics
-from dynask.control_plane.model_routing import RoutingOptions
-from dynask.control_plane.service import ServingService
+from dynask.actors.runtime.engine_actor import EngineActor
+from dynask.actors.runtime.engine_factory import EngineSpec
+from dynask.control_plane.api.app import build_app
+from dynask.control_plane.routing.model_routing import RoutingOptions
+from dynask.control_plane.serving.actor_handle import ActorHandle
+from dynask.control_plane.serving.metrics import ServingMetrics
+from dynask.control_plane.serving.service import ServingService
 
 MODEL = "bench"
 

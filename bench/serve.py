@@ -168,9 +168,9 @@ def measure_engine_ttft(tokenizer: Any, config: BenchConfig) -> EngineTTFT:
     """
     import torch
 
+    from dynask.actors.api.sampling_params import SamplingParams
     from dynask.actors.engine.config import EngineConfig
     from dynask.actors.engine.engine import LLMEngine
-    from dynask.actors.engine.sampling import SamplingParams
 
     threads = torch.get_num_threads()
     torch.set_num_threads(ENGINE_THREADS)

@@ -20,7 +20,7 @@ see ``soak_cluster.py``):
 Echo engines make the load cheap and known: every request's token count is checked.
 (After a migration an echo engine echoes the resumed prompt, so its text differs from
 an undisturbed run; exact greedy continuation is tested with the built-in engine in
-``tests/control_plane/test_worker_loss.py``.)
+``tests/control_plane/reliability/test_worker_loss.py``.)
 
 Run from the repository root::
 

@@ -1,6 +1,6 @@
 """Alembic environment: runs the revisions on a connection handed in, or on a URL.
 
-``dynask.control_plane.database.upgrade`` hands its connection in through
+``dynask.control_plane.state.database.upgrade`` hands its connection in through
 ``config.attributes["connection"]``; the ``alembic`` command line uses the config's
 ``sqlalchemy.url``. SQLite needs batch mode to alter tables (it rebuilds them).
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection
 
-from dynask.control_plane.database import make_engine
-from dynask.control_plane.db_models import Base
+from dynask.control_plane.state.database import make_engine
+from dynask.control_plane.state.models import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dynask.control_plane.admin_users import AdminUsers
-from dynask.control_plane.api_key_guard import ApiKeyGuard
-from dynask.control_plane.api_keys import ApiKeys
-from dynask.control_plane.cluster_admin import ClusterAdmin
-from dynask.control_plane.deployment_admin import DeploymentAdmin
-from dynask.control_plane.repository import Repository
-from dynask.control_plane.service import ServingService
+from dynask.control_plane.api.key_guard import ApiKeyGuard
+from dynask.control_plane.cluster.cluster_admin import ClusterAdmin
+from dynask.control_plane.cluster.deployment_admin import DeploymentAdmin
+from dynask.control_plane.serving.service import ServingService
+from dynask.control_plane.state.admin_users import AdminUsers
+from dynask.control_plane.state.api_keys import ApiKeys
+from dynask.control_plane.state.repository import Repository
 from dynask.web.login_throttle import LoginThrottle
 from dynask.web.templating import Renderer
 

@@ -12,9 +12,9 @@ from typing import Any
 
 from starlette.datastructures import FormData
 
-from dynask.control_plane.deployment_admin import DeploymentInvalidError
-from dynask.control_plane.repository import NAME_PATTERN, DeploymentSpec
-from dynask.control_plane.state_sync import BUNDLED_MODEL
+from dynask.control_plane.cluster.deployment_admin import DeploymentInvalidError
+from dynask.control_plane.cluster.state_sync import BUNDLED_MODEL
+from dynask.control_plane.state.repository import NAME_PATTERN, DeploymentSpec
 
 MAX_REPLICAS = 64
 DEPLOYMENT_FIELDS = ("name", "model", "served_model_name", "engine", "role", "replicas")

@@ -15,14 +15,14 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
-from dynask.control_plane.admin_users import (
+from dynask.control_plane.cluster.cluster_admin import ClusterAdmin
+from dynask.control_plane.cluster.deployment_admin import DeploymentAdmin
+from dynask.control_plane.server import ControlPlane
+from dynask.control_plane.state.admin_users import (
     ADMIN_PASSWORD_VARIABLE,
     ADMIN_USERNAME,
     AdminUsers,
 )
-from dynask.control_plane.cluster_admin import ClusterAdmin
-from dynask.control_plane.deployment_admin import DeploymentAdmin
-from dynask.control_plane.http_server import ControlPlane
 from dynask.web.app import make_admin_app
 from dynask.web.auth import session_secret
 from dynask.web.deps import AdminDeps

@@ -10,9 +10,9 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from dynask.control_plane.cluster_admin import ClusterAdmin, ClusterView
-from dynask.control_plane.repository import Repository
-from dynask.control_plane.service import ServingService
+from dynask.control_plane.cluster.cluster_admin import ClusterAdmin, ClusterView
+from dynask.control_plane.serving.service import ServingService
+from dynask.control_plane.state.repository import Repository
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from dynask.control_plane.cluster_admin import ClusterActionError
-from dynask.control_plane.deployment_admin import DeploymentInvalidError
-from dynask.control_plane.repository import DeploymentExistsError, NotFoundError
+from dynask.control_plane.cluster.cluster_admin import ClusterActionError
+from dynask.control_plane.cluster.deployment_admin import DeploymentInvalidError
+from dynask.control_plane.state.repository import DeploymentExistsError, NotFoundError
 from dynask.web.auth import checked_form, current_user, flash
 from dynask.web.deps import AdminDeps
 from dynask.web.forms import DeploymentForm, FormErrors, parse_replicas

@@ -15,8 +15,8 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from dynask.control_plane.api_keys import CreatedKey
-from dynask.control_plane.repository import NotFoundError
+from dynask.control_plane.state.api_keys import CreatedKey
+from dynask.control_plane.state.repository import NotFoundError
 from dynask.web.auth import checked_form, current_user, flash
 from dynask.web.deps import AdminDeps
 from dynask.web.templating import BASE

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from dynask.actors.engine import triton_attention
+from dynask.actors.engine.cuda import triton_attention
 
 
 @dataclass

@@ -18,25 +18,20 @@ from typing import Any, TypeVar
 
 import torch
 
+from dynask.actors.api.outputs import FinishReason, RequestOutput
+from dynask.actors.api.sampling_params import SamplingParams
+from dynask.actors.api.stats import EngineStats
+from dynask.actors.api.streams import OutputFanout, OutputListener, RequestStream
 from dynask.actors.engine.config import EngineConfig
-from dynask.actors.engine.decode_burst import burst_steps
+from dynask.actors.engine.cuda.decode_burst import burst_steps
 from dynask.actors.engine.detokenizer import IncrementalDetokenizer
 from dynask.actors.engine.engine_parts import EngineParts, build_engine_parts
 from dynask.actors.engine.kv_manager import KVCacheManager, PrefixHit
 from dynask.actors.engine.kv_tiers import offload_stats
 from dynask.actors.engine.model_runner import ModelRunner
-from dynask.actors.engine.sampling import SamplingParams, make_generator
+from dynask.actors.engine.sampling import make_generator
 from dynask.actors.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from dynask.actors.engine.sequence import (
-    AbortRequest,
-    FinishReason,
-    RequestOutput,
-    Sequence,
-    SequenceStatus,
-    check_prompt,
-)
-from dynask.actors.engine.stats import EngineStats
-from dynask.actors.engine.streams import OutputFanout, OutputListener, RequestStream
+from dynask.actors.engine.sequence import AbortRequest, Sequence, SequenceStatus, check_prompt
 from dynask.kv.hashing import hash_seed
 from dynask.kv.prefix_index import KVCacheDump
 

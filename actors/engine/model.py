@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dynask.actors.engine import fused_ops
 from dynask.actors.engine.attention import AttentionMetadata, paged_attention
+from dynask.actors.engine.cuda import fused_ops
 from dynask.actors.engine.model_config import ModelConfig
 
 

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 import torch
 
 from dynask.actors.engine.attention import AttentionMetadata, DecodeRows, PrefillChunk
-from dynask.actors.engine.cuda_step import CudaLayout, DecodeGraphs, build_cuda_inputs
+from dynask.actors.engine.cuda.step import CudaLayout, DecodeGraphs, build_cuda_inputs
+from dynask.actors.engine.cuda.triton_attention import compile_paged_prefill
 from dynask.actors.engine.model import CausalLM
 from dynask.actors.engine.sampling import sample
 from dynask.actors.engine.scheduler import ScheduledChunk
 from dynask.actors.engine.sequence import Sequence
-from dynask.actors.engine.triton_attention import compile_paged_prefill
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from dynask.actors.api.outputs import FinishReason
 from dynask.actors.engine.kv_manager import NO_HIT, KVCacheManager
-from dynask.actors.engine.sequence import FinishReason, Sequence, SequenceStatus
+from dynask.actors.engine.sequence import Sequence, SequenceStatus
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ The Processor here is the built-in one (the control plane templates, tokenizes a
 routes); ``agg_rewrite.py`` shows a custom one.
 """
 
-from dynask.control_plane.graph_components import Frontend, Processor, Worker
-from dynask.control_plane.graph_sdk import depends, service
+from dynask.control_plane.graphs.components import Frontend, Processor, Worker
+from dynask.control_plane.graphs.sdk import depends, service
 
 
 @service(resources={"gpu": 1}, workers=1)

@@ -9,8 +9,8 @@ through its ``process`` before the control plane tokenizes and routes it.
 
 from typing import Any
 
-from dynask.control_plane.graph_components import Frontend, Processor, Worker
-from dynask.control_plane.graph_sdk import depends
+from dynask.control_plane.graphs.components import Frontend, Processor, Worker
+from dynask.control_plane.graphs.sdk import depends
 
 
 class RewriteWorker(Worker):

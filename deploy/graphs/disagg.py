@@ -7,8 +7,8 @@ Long prompts are prefilled by the PrefillWorker's engines and their KV sent to t
 DecodeWorker's (see "Disaggregated prefill and decode" in the README).
 """
 
-from dynask.control_plane.graph_components import DecodeWorker, Frontend, PrefillWorker, Processor
-from dynask.control_plane.graph_sdk import depends
+from dynask.control_plane.graphs.components import DecodeWorker, Frontend, PrefillWorker, Processor
+from dynask.control_plane.graphs.sdk import depends
 
 
 class Prefill(PrefillWorker):

@@ -19,8 +19,8 @@ from sqlalchemy import Engine, make_url, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import NullPool
 
-from dynask.control_plane.database import make_engine, upgrade
-from dynask.control_plane.repository import Repository
+from dynask.control_plane.state.database import make_engine, upgrade
+from dynask.control_plane.state.repository import Repository
 
 POSTGRES_URL = os.environ.get(
     "DYNASK_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"

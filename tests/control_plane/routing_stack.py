@@ -21,15 +21,15 @@ import openai
 import uvicorn
 from distributed import Client, LocalCluster
 
-from dynask.actors.engine_actor import EngineActor
-from dynask.actors.engine_factory import EngineSpec
-from dynask.control_plane.actor_handle import ActorHandle
-from dynask.control_plane.app import build_app
-from dynask.control_plane.disagg_orchestrator import KV_TRANSFER_ADDRESS, DisaggOptions
-from dynask.control_plane.metrics import ServingMetrics
-from dynask.control_plane.model_routing import ModelRouting, RoutingOptions
-from dynask.control_plane.reliability_options import ReliabilityOptions
-from dynask.control_plane.service import ServingService
+from dynask.actors.runtime.engine_actor import EngineActor
+from dynask.actors.runtime.engine_factory import EngineSpec
+from dynask.control_plane.api.app import build_app
+from dynask.control_plane.disagg.orchestrator import KV_TRANSFER_ADDRESS, DisaggOptions
+from dynask.control_plane.reliability.options import ReliabilityOptions
+from dynask.control_plane.routing.model_routing import ModelRouting, RoutingOptions
+from dynask.control_plane.serving.actor_handle import ActorHandle
+from dynask.control_plane.serving.metrics import ServingMetrics
+from dynask.control_plane.serving.service import ServingService
 from tests.control_plane.server_process import free_port
 
 MODEL = "mock"

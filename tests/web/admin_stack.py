@@ -8,15 +8,15 @@ from dataclasses import dataclass
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from dynask.control_plane.admin_users import AdminUsers
-from dynask.control_plane.api_key_guard import ApiKeyGuard
-from dynask.control_plane.api_keys import ApiKeys
-from dynask.control_plane.cluster import ClusterRuntime
-from dynask.control_plane.cluster_admin import ClusterAdmin
-from dynask.control_plane.deployment_admin import DeploymentAdmin
-from dynask.control_plane.metrics import ServingMetrics
-from dynask.control_plane.repository import Repository
-from dynask.control_plane.service import ServingService
+from dynask.control_plane.api.key_guard import ApiKeyGuard
+from dynask.control_plane.cluster.cluster_admin import ClusterAdmin
+from dynask.control_plane.cluster.deployment_admin import DeploymentAdmin
+from dynask.control_plane.cluster.reconciler import ClusterRuntime
+from dynask.control_plane.serving.metrics import ServingMetrics
+from dynask.control_plane.serving.service import ServingService
+from dynask.control_plane.state.admin_users import AdminUsers
+from dynask.control_plane.state.api_keys import ApiKeys
+from dynask.control_plane.state.repository import Repository
 from dynask.web.deps import AdminDeps
 from dynask.web.mount import admin_routes
 from dynask.web.templating import Renderer

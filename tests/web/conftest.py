@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from dynask.control_plane.admin_users import AdminUsers
-from dynask.control_plane.database import make_engine, upgrade
-from dynask.control_plane.repository import Repository
+from dynask.control_plane.state.admin_users import AdminUsers
+from dynask.control_plane.state.database import make_engine, upgrade
+from dynask.control_plane.state.repository import Repository
 from tests.web.admin_stack import PASSWORD, AdminStack, log_in, make_stack
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from dynask.control_plane.graph_runtime import load_graph_plan
-from dynask.control_plane.graph_store import store_graph
+from dynask.control_plane.graphs.runtime import load_graph_plan
+from dynask.control_plane.graphs.store import store_graph
 from tests.web.admin_stack import AdminStack
 
 GRAPHS = Path(__file__).resolve().parents[2] / "deploy" / "graphs"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dynask.control_plane.metrics import ServingMetrics
+from dynask.control_plane.serving.metrics import ServingMetrics
 from dynask.web.metrics_window import (
     OUTPUT_TOKENS,
     MetricsWindow,

@@ -9,15 +9,15 @@ from types import SimpleNamespace
 import pytest
 from starlette.routing import Mount
 
-from dynask.control_plane.admin_users import AdminUsers
-from dynask.control_plane.api_key_guard import ApiKeyGuard
-from dynask.control_plane.api_keys import ApiKeys
-from dynask.control_plane.cluster import ClusterRuntime
-from dynask.control_plane.database import make_engine, upgrade
-from dynask.control_plane.http_server import ServerOptions
-from dynask.control_plane.metrics import ServingMetrics
-from dynask.control_plane.repository import Repository
-from dynask.control_plane.service import ServingService
+from dynask.control_plane.api.key_guard import ApiKeyGuard
+from dynask.control_plane.cluster.reconciler import ClusterRuntime
+from dynask.control_plane.server import ServerOptions
+from dynask.control_plane.serving.metrics import ServingMetrics
+from dynask.control_plane.serving.service import ServingService
+from dynask.control_plane.state.admin_users import AdminUsers
+from dynask.control_plane.state.api_keys import ApiKeys
+from dynask.control_plane.state.database import make_engine, upgrade
+from dynask.control_plane.state.repository import Repository
 from dynask.web.mount import admin_extension
 
 

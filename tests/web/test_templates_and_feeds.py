@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from starlette.requests import Request
 
-from dynask.control_plane.cluster_admin import WorkerView
+from dynask.control_plane.cluster.cluster_admin import WorkerView
 from dynask.web import events
 from dynask.web.feeds import OVERVIEW_BLOCKS, overview_events
 from dynask.web.templating import TEMPLATES, Renderer, format_bytes, format_percent

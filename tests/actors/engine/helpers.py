@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
+from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.engine.config import EngineConfig
 from dynask.actors.engine.engine import LLMEngine
-from dynask.actors.engine.sampling import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
 

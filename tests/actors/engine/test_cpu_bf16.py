@@ -7,11 +7,11 @@ from pathlib import Path
 
 import torch
 
+from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.engine.config import EngineConfig
 from dynask.actors.engine.engine import LLMEngine
 from dynask.actors.engine.engine_parts import kv_cache_dtype
 from dynask.actors.engine.model_runner import ModelRunner
-from dynask.actors.engine.sampling import SamplingParams
 from tests.actors.engine.helpers import prompts_of_lengths
 
 

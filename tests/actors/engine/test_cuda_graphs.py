@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.engine.config import EngineConfig
 from dynask.actors.engine.engine import LLMEngine
-from dynask.actors.engine.sampling import SamplingParams
 from tests.actors.engine.helpers import prompts_of_lengths
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

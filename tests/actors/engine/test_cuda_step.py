@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from dynask.actors.engine.cuda_step import block_row, decode_buckets
-from dynask.actors.engine.triton_attention import decode_splits, prefill_tiles
+from dynask.actors.engine.cuda.step import block_row, decode_buckets
+from dynask.actors.engine.cuda.triton_attention import decode_splits, prefill_tiles
 
 
 def test_buckets_cover_every_batch_size_up_to_max_num_seqs() -> None:

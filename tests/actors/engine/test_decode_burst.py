@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dynask.actors.engine.decode_burst import burst_steps
+from dynask.actors.api.sampling_params import SamplingParams
+from dynask.actors.api.streams import RequestStream
+from dynask.actors.engine.cuda.decode_burst import burst_steps
 from dynask.actors.engine.engine import LLMEngine
-from dynask.actors.engine.sampling import SamplingParams
-from dynask.actors.engine.streams import RequestStream
 from tests.actors.engine.helpers import hf_greedy, hf_model, make_engine, prompts_of_lengths
 
 LENGTHS = [3, 17, 30, 9]

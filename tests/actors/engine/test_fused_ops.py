@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dynask.actors.engine import fused_ops
+from dynask.actors.engine.cuda import fused_ops
 from dynask.actors.engine.model_config import ModelConfig
 from tests.actors.engine.test_paged_kernels import _kernel_device
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dynask.actors.engine.sampling import SamplingParams
+from dynask.actors.api.sampling_params import SamplingParams
 from tests.actors.engine.helpers import (
     hf_greedy,
     hf_model,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.engine.engine import LLMEngine
-from dynask.actors.engine.sampling import SamplingParams
 from tests.actors.engine.helpers import make_engine, prompts_of_lengths
 
 PARAMS = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)

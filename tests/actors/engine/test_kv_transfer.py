@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from dynask.actors.engine.sampling import SamplingParams
+from dynask.actors.api.sampling_params import SamplingParams
 from tests.actors.engine.helpers import make_engine, prompts_of_lengths
 
 PARAMS = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)

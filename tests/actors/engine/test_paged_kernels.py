@@ -18,7 +18,7 @@ import os
 import pytest
 import torch
 
-from dynask.actors.engine import triton_attention
+from dynask.actors.engine.cuda import triton_attention
 
 
 def _kernel_device() -> torch.device:

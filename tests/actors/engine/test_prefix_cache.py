@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dynask.actors.engine.sampling import SamplingParams
+from dynask.actors.api.sampling_params import SamplingParams
 from tests.actors.engine.helpers import make_engine, prompts_of_lengths
 
 PARAMS = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import torch
 
+from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.engine.config import EngineConfig
 from dynask.actors.engine.kv_sizing import plan_kv_cache
 from dynask.actors.engine.model_config import ModelConfig
-from dynask.actors.engine.sampling import SamplingParams
 from tests.actors.engine.helpers import (
     hf_greedy,
     hf_model,

@@ -1,0 +1,57 @@
+"""The protocol every engine backend implements, so one ``EngineActor`` can drive any.
+
+Backends: the built-in engine (``out=torch``), ``echo``, ``mocker`` and ``python``. An
+engine takes token ids (the control plane applies chat templates and tokenizes), runs
+its own thread, and hands every step's deltas to its output listeners in one call.
+Engines with a prefix cache (the built-in engine and the mocker) are also
+``KVCacheEngine``s: their KV events and dumps feed the control plane's prefix index;
+the others (echo, python) are routed with an approximate index instead.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from dynask.actors.api.sampling_params import SamplingParams
+from dynask.actors.api.stats import EngineStats
+from dynask.actors.api.streams import OutputListener
+from dynask.kv.events import KVEventLog
+from dynask.kv.prefix_index import KVCacheDump
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What an ``EngineActor`` needs from an engine."""
+
+    max_model_len: int
+    kv_events: KVEventLog
+
+    def start(self) -> None:
+        """Starts the engine's own thread (idempotent)."""
+
+    def shutdown(self) -> None:
+        """Stops the thread; requests in flight are dropped."""
+
+    def add_request(self, prompt: list[int], params: SamplingParams, request_id: str) -> object:
+        """Queues a request; raises ``ValueError`` with a clear message for bad input."""
+
+    def abort(self, request_id: str) -> None:
+        """Cancels a request and frees its blocks; unknown ids are ignored."""
+
+    def add_output_listener(self, listener: OutputListener) -> None:
+        """``listener`` gets each step's deltas, on the engine thread, one call per step."""
+
+    def stats(self) -> EngineStats:
+        """Load and cache state, for routing, metrics and the admin UI."""
+
+
+@runtime_checkable
+class KVCacheEngine(Protocol):
+    """An engine with a prefix cache that reports its changes in ``kv_events``."""
+
+    @property
+    def kv_block_size(self) -> int:
+        """Tokens per KV block."""
+
+    def kv_cache_dump(self) -> KVCacheDump:
+        """The whole prefix cache as of ``kv_events.last_event_id`` (safe from any thread)."""

@@ -1,0 +1,231 @@
+"""A step's inputs on a CUDA device, and decode steps replayed from CUDA graphs.
+
+Design decisions:
+
+* Every per-step host array (token ids, positions, KV slots; decode lengths and block
+  tables) is built in Python lists and crosses to the GPU as one pinned buffer per dtype
+  with ``non_blocking`` copies: two small transfers a step, no synchronisation.
+* Decode rows read the KV blocks in place (``PagedDecode``); prefill chunks with a cached
+  prefix go to the paged prefill kernel in one launch; first chunks attend to their own
+  fresh keys with SDPA (flash attention).
+* A decode-only step of ``n`` rows replays the graph captured for the smallest bucket
+  ``>= n`` (1, 2, 4, 8, then steps of 8 up to 64, then of 32, up to ``max_num_seqs``).
+  Rows past ``n`` are padding: length 0 (the kernel skips them), position 0, and their
+  KV slot is the scratch block that the runner allocates past the pool's blocks, so
+  padding never writes into a block a sequence owns.
+* The graphs share one memory pool and are captured largest first. The static inputs
+  are sized for the largest bucket and ``max_blocks_per_seq`` (``max_model_len``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dynask.actors.engine.attention import (
+    AttentionMetadata,
+    PagedDecode,
+    PagedPrefill,
+    PrefillChunk,
+)
+from dynask.actors.engine.cuda.triton_attention import decode_splits, prefill_tiles
+from dynask.actors.engine.model import CausalLM
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CudaLayout:
+    """What the CUDA step builder needs to know about the model and the device."""
+
+    block_size: int
+    num_kv_heads: int
+    group: int  # query heads per KV head
+    num_sms: int
+    scratch_slot: int  # first slot of the scratch block (padding writes go there)
+
+
+@dataclass
+class CudaStepInputs:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+
+
+def block_row(block_ids: list[int], width: int) -> list[int]:
+    return block_ids[:width] + [0] * (width - len(block_ids))
+
+
+def to_device(
+    rows: list[list[list[int]]] | list[list[int]] | list[int],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> torch.Tensor:
+    """One pinned host tensor, copied without waiting for the GPU."""
+    host = torch.tensor(rows, dtype=dtype).pin_memory()
+    return host.to(device, non_blocking=True)
+
+
+def build_cuda_inputs(
+    tokens: list[list[int]],
+    decode_tables: list[list[int]],
+    prefill_chunks: list[tuple[int, int, int, list[int]]],
+    layout: CudaLayout,
+    device: torch.device,
+) -> CudaStepInputs:
+    """Inputs of an eager step.
+
+    ``tokens`` is ``[ids, positions, slots]`` over all rows (decode rows first, one per
+    entry of ``decode_tables``); ``prefill_chunks`` holds (first row, new tokens, cached
+    tokens, block ids) per prefill chunk.
+    """
+    packed = to_device(tokens, torch.long, device)
+    meta = AttentionMetadata(slot_mapping=packed[2])
+    rows = len(decode_tables)
+    if rows:
+        width = max(len(t) for t in decode_tables)
+        lengths = to_device([tokens[1][row] + 1 for row in range(rows)], torch.int32, device)
+        tables = to_device([block_row(t, width) for t in decode_tables], torch.int32, device)
+        splits = decode_splits(rows, layout.num_kv_heads, layout.num_sms)
+        meta.paged_decode = PagedDecode(tables, lengths, splits)
+    cached = [c for c in prefill_chunks if c[2] > 0]
+    meta.prefills = [PrefillChunk(s, s + n, 0, None) for s, n, c, _ in prefill_chunks if c == 0]
+    if cached:
+        width = max(-(-(c + n) // layout.block_size) for _, n, c, _ in cached)
+        tables = to_device([block_row(t, width) for *_, t in cached], torch.int32, device)
+        tiles = prefill_tiles([(s, n, c) for s, n, c, _ in cached], layout.group, device)
+        meta.paged_prefill = PagedPrefill(tables, tiles)
+    return CudaStepInputs(packed[0], packed[1], meta)
+
+
+def decode_buckets(max_batch: int) -> list[int]:
+    buckets = [b for b in (1, 2, 4) if b < max_batch]
+    buckets += list(range(8, min(max_batch, 64) + 1, 8))
+    buckets += list(range(96, max_batch + 1, 32))
+    if not buckets or buckets[-1] != max_batch:
+        buckets.append(max_batch)
+    return sorted(set(buckets))
+
+
+class DecodeGraphs:
+    """Decode steps (forward pass + LM head) captured once per batch-size bucket."""
+
+    def __init__(
+        self,
+        model: CausalLM,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        layout: CudaLayout,
+        max_batch: int,
+        max_blocks_per_seq: int,
+    ) -> None:
+        device = kv_caches[0][0].device
+        self.layout = layout
+        self.buckets = decode_buckets(max_batch)
+        self.max_batch = self.buckets[-1]
+        self._longs = torch.zeros((3, self.max_batch), dtype=torch.long, device=device)
+        self._lens = torch.zeros(self.max_batch, dtype=torch.int32, device=device)
+        self._tables = torch.zeros(
+            (self.max_batch, max_blocks_per_seq), dtype=torch.int32, device=device
+        )
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._logits: dict[int, torch.Tensor] = {}
+        started = time.monotonic()
+        pool = torch.cuda.graph_pool_handle()
+        for batch in reversed(self.buckets):
+            self._capture(model, kv_caches, batch, pool)
+        log.info(
+            "captured decode CUDA graphs for batch sizes %s in %.1fs",
+            self.buckets,
+            time.monotonic() - started,
+        )
+
+    def _meta(self, batch: int) -> AttentionMetadata:
+        splits = decode_splits(batch, self.layout.num_kv_heads, self.layout.num_sms)
+        paged = PagedDecode(self._tables[:batch], self._lens[:batch], splits)
+        return AttentionMetadata(slot_mapping=self._longs[2, :batch], paged_decode=paged)
+
+    def _capture(
+        self,
+        model: CausalLM,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        batch: int,
+        pool: Any,
+    ) -> None:
+        self._fill_padding(0)
+        meta = self._meta(batch)
+        ids, positions = self._longs[0, :batch], self._longs[1, :batch]
+        stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up: Triton compiles, cuBLAS picks kernels
+            model.compute_logits(model(ids, positions, kv_caches, meta))
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            self._logits[batch] = model.compute_logits(model(ids, positions, kv_caches, meta))
+        self._graphs[batch] = graph
+
+    def _fill_padding(self, start: int) -> None:
+        self._longs[:2, start:] = 0
+        self._longs[2, start:] = self.layout.scratch_slot
+        self._lens[start:] = 0
+
+    def bucket_for(self, rows: int) -> int | None:
+        return next((b for b in self.buckets if b >= rows), None)
+
+    def replay(self, tokens: list[list[int]], tables: list[list[int]]) -> torch.Tensor:
+        """Logits ``[rows, vocab]`` of a decode-only step (``tokens``: ids, positions, slots)."""
+        rows = len(tables)
+        batch = self.bucket_for(rows)
+        if batch is None:
+            raise ValueError(f"decode batch of {rows} rows exceeds the largest graph bucket")
+        width = max(len(t) for t in tables)
+        lengths = [p + 1 for p in tokens[1]]
+        self._longs[:, :rows].copy_(torch.tensor(tokens).pin_memory(), non_blocking=True)
+        self._lens[:rows].copy_(torch.tensor(lengths, dtype=torch.int32).pin_memory(), True)
+        host_tables = torch.tensor([block_row(t, width) for t in tables], dtype=torch.int32)
+        self._tables[:rows, :width].copy_(host_tables.pin_memory(), non_blocking=True)
+        if rows < batch:
+            self._fill_padding(rows)
+        self._graphs[batch].replay()
+        return self._logits[batch][:rows]
+
+    def replay_greedy_chain(
+        self,
+        ids: list[int],
+        positions: list[list[int]],
+        slots: list[list[int]],
+        tables: list[list[int]],
+    ) -> torch.Tensor:
+        """Greedy tokens ``[steps, rows]`` of consecutive decode steps, chained on the GPU.
+
+        Step ``i``'s positions and slots come from one host copy made up front; its token
+        ids are the argmax of step ``i - 1``'s logits, copied on the device. ``tables``
+        must already cover the last step. Nothing waits for the GPU here.
+        """
+        rows, steps = len(ids), len(positions)
+        batch = self.bucket_for(rows)
+        if batch is None:
+            raise ValueError(f"decode batch of {rows} rows exceeds the largest graph bucket")
+        device = self._longs.device
+        width = max(len(t) for t in tables)
+        plan = to_device([positions, slots], torch.long, device)  # [2, steps, rows]
+        lengths = to_device([[p + 1 for p in row] for row in positions], torch.int32, device)
+        self._longs[0, :rows].copy_(torch.tensor(ids).pin_memory(), non_blocking=True)
+        host_tables = torch.tensor([block_row(t, width) for t in tables], dtype=torch.int32)
+        self._tables[:rows, :width].copy_(host_tables.pin_memory(), non_blocking=True)
+        if rows < batch:
+            self._fill_padding(rows)
+        chosen = torch.empty((steps, rows), dtype=torch.long, device=device)
+        logits = self._logits[batch][:rows]
+        for step in range(steps):
+            self._longs[1:, :rows].copy_(plan[:, step])
+            self._lens[:rows].copy_(lengths[step])
+            self._graphs[batch].replay()
+            torch.argmax(logits, dim=-1, out=chosen[step])
+            if step + 1 < steps:
+                self._longs[0, :rows].copy_(chosen[step])
+        return chosen

@@ -1,0 +1,180 @@
+"""``EngineActor``: one engine on one Dask worker, created with ``actor=True``.
+
+Every method is ``async``: plain actor methods share ONE thread per Dask worker
+("Dask-Actor-Threads"), so a slow call would block every other actor call; async methods
+run on the worker's event loop and the engine works in its own thread. Token deltas leave
+through the actor's own TCP stream (``token_stream``), not through actor calls, and so do
+KV events: the control plane only calls ``kv_cache_dump`` when it connects or finds a gap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from dynask.actors.api.engine_protocol import Engine, KVCacheEngine
+from dynask.actors.api.sampling_params import SamplingParams
+from dynask.actors.runtime.engine_factory import EngineSpec, build_engine
+from dynask.actors.runtime.kv_transfer_actor import KVTransferMethods
+from dynask.actors.runtime.malloc_tuning import keep_tensor_memory
+from dynask.actors.runtime.token_stream import (
+    TokenStreamServer,
+    pack_kv_dump,
+    unpack_request,
+    unpack_requests,
+)
+
+log = logging.getLogger(__name__)
+
+
+class EngineNotStartedError(RuntimeError):
+    """An actor method needs ``start()`` to have finished first."""
+
+
+class EngineActor(KVTransferMethods):
+    """Holds an engine and its token stream inside a Dask worker (and, with a prefill or
+    decode role, a KV transfer listener: ``kv_transfer_actor``)."""
+
+    def __init__(self, spec: EngineSpec, name: str) -> None:
+        self.spec = spec
+        self.name = name
+        self._engine: Engine | None = None
+        self._stream: TokenStreamServer | None = None
+        self._info: dict[str, Any] | None = None
+        self._kv_transfer = None
+
+    async def start(self) -> dict[str, Any]:
+        """Loads the engine (in a thread), opens the token stream; returns the actor's info."""
+        if self._info is not None:
+            return self._info
+        _share_cores_with_other_workers()
+        keep_tensor_memory()
+        engine = await asyncio.to_thread(build_engine, self.spec)
+        stream = TokenStreamServer(asyncio.get_running_loop())
+        address = await stream.start(_worker_host())
+        engine.add_output_listener(stream.publish)
+        has_kv_cache = isinstance(engine, KVCacheEngine)
+        if has_kv_cache:
+            stream.watch_kv_events(engine.kv_events)
+        engine.start()
+        self._engine, self._stream = engine, stream
+        self._info = {
+            "name": self.name,
+            "stream_address": address,
+            "max_model_len": engine.max_model_len,
+            "kv_events": has_kv_cache,  # False: route with the approximate index
+            "kv_block_size": engine.kv_block_size if isinstance(engine, KVCacheEngine) else None,
+            "engine": self.spec.kind,
+            "model": self.spec.model,
+            "worker": _worker_address(),
+            "tokenizer_files": await asyncio.to_thread(_tokenizer_files, engine),
+        }
+        return self._info
+
+    async def submit(self, packed: bytes) -> None:
+        """Queues a request made by ``token_stream.pack_request``.
+
+        Bad input raises ``ValueError`` (re-raised at the caller with its message).
+        """
+        request_id, prompt, params = unpack_request(packed)
+        self._running().add_request(prompt, SamplingParams(**params), request_id)
+
+    async def submit_batch(self, payload: bytes) -> list[str | None]:
+        """Queues several requests (``token_stream.pack_requests``) in one call.
+
+        Returns one entry per request: None when queued, else the message of the
+        ``ValueError`` that refused it (bad input never fails the others).
+        """
+        engine = self._running()
+        errors: list[str | None] = []
+        for packed in unpack_requests(payload):
+            try:
+                request_id, prompt, params = unpack_request(packed)
+                engine.add_request(prompt, SamplingParams(**params), request_id)
+            except (ValueError, TypeError) as exc:
+                errors.append(str(exc) or type(exc).__name__)
+            else:
+                errors.append(None)
+        return errors
+
+    async def abort(self, request_id: str) -> None:
+        self._abort_remote_prefill(request_id)
+        self._running().abort(request_id)
+
+    async def stats(self) -> dict[str, Any]:
+        return self._running().stats().to_dict()
+
+    async def kv_cache_dump(self) -> bytes:
+        """The engine's whole prefix cache (``token_stream.pack_kv_dump``), for a router
+        that has just connected or missed KV events. Built in a thread, under the engine's
+        step lock: consistent with the event ids, and the worker's loop never waits."""
+        engine = self._running()
+        if not isinstance(engine, KVCacheEngine):
+            raise TypeError(
+                f"engine actor {self.name} runs out={self.spec.kind}, which has no prefix "
+                "cache to dump; route it with the approximate index (info['kv_events'] is False)"
+            )
+        return pack_kv_dump(await asyncio.to_thread(engine.kv_cache_dump))
+
+    async def health(self) -> dict[str, Any]:
+        return {"name": self.name, "started": self._engine is not None}
+
+    async def stop(self) -> None:
+        await self._close_kv_transfer()
+        if self._engine is not None:
+            await asyncio.to_thread(self._engine.shutdown)
+        if self._stream is not None:
+            await self._stream.close()
+        self._engine = self._stream = None
+        self._info = None
+
+    def _running(self) -> Engine:
+        if self._engine is None:
+            raise EngineNotStartedError(f"engine actor {self.name} has not started")
+        return self._engine
+
+
+def _worker_address() -> str:
+    from distributed import get_worker
+
+    try:
+        return str(get_worker().address)
+    except ValueError:
+        return "local"
+
+
+def _worker_host() -> str:
+    """The host the worker listens on (so the control plane can reach the stream there)."""
+    from distributed.comm.addressing import get_address_host, parse_address
+
+    address = _worker_address()
+    if "://" not in address or parse_address(address)[0] not in ("tcp", "tls", "ucx", "ucxx"):
+        return "127.0.0.1"  # an in-process worker: same host as its caller
+    return str(get_address_host(address))
+
+
+def _share_cores_with_other_workers() -> None:
+    """Gives torch this worker's thread count, so N workers on one host don't oversubscribe."""
+    from distributed import get_worker
+
+    try:
+        threads = get_worker().state.nthreads
+    except ValueError:
+        return
+    import torch
+
+    torch.set_num_threads(max(1, min(threads, os.cpu_count() or 1)))
+
+
+def _tokenizer_files(engine: Engine) -> dict[str, bytes]:
+    """The engine's tokenizer as files, so the control plane never needs the weights."""
+    tokenizer = getattr(engine, "tokenizer", None)
+    if tokenizer is None:
+        return {}
+    with tempfile.TemporaryDirectory() as folder:
+        tokenizer.save_pretrained(folder)
+        return {p.name: p.read_bytes() for p in Path(folder).iterdir() if p.is_file()}

@@ -1,0 +1,146 @@
+"""Which engine an actor runs: ``EngineSpec`` (what to build) and ``build_engine``.
+
+Design decisions:
+
+- ``EngineSpec`` is plain, frozen and picklable, so the control plane can store it and
+  ship it to a Dask worker; it is validated when made (kind, file, argument names and
+  types), so a bad deployment fails in the control plane, not later inside an actor.
+  Value ranges are checked by each engine's own config (``EngineConfig``,
+  ``MockerConfig``), which name the field and the value.
+- The known arguments of ``torch`` and ``mocker`` are the fields of their config
+  dataclasses (read with ``get_type_hints``), so a new config field needs no change here.
+- Backends without weights (echo, mocker, python) still speak a real tokenizer, taken
+  from the model argument (the bundled SmolLM2 by default), so detokenization, stop
+  strings and vocabulary checks behave as with the real model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from dynask.actors.api.engine_protocol import Engine
+from dynask.actors.backends.echo import EchoEngine
+from dynask.actors.backends.mocker import MockerConfig, build_mocker_engine
+from dynask.actors.backends.python_file import PythonEngine, load_generate
+from dynask.actors.backends.vllm.args import VLLMArgs
+from dynask.actors.engine.config import EngineConfig
+from dynask.actors.engine.engine import LLMEngine
+from dynask.actors.engine.loader import load_tokenizer, resolve_model
+
+KINDS = ("torch", "vllm", "echo", "mocker", "python")
+ENGINE_FORMS = "torch, vllm, echo, mocker, python:FILE.py"
+
+
+def _config_args(config: type[Any], exclude: tuple[str, ...] = ()) -> dict[str, Any]:
+    hints = typing.get_type_hints(config)
+    return {f.name: hints[f.name] for f in dataclasses.fields(config) if f.name not in exclude}
+
+
+_KNOWN_ARGS: dict[str, dict[str, Any]] = {
+    "torch": _config_args(EngineConfig, exclude=("model",)),
+    "echo": {"delay_s": float, "max_model_len": int},
+    "mocker": _config_args(MockerConfig),
+    "python": {"max_model_len": int},
+    "vllm": _config_args(VLLMArgs),
+}
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """An engine to build: its kind, model (None = bundled SmolLM2) and arguments."""
+
+    kind: str
+    model: str | None = None
+    python_file: str | None = None  # the user's file, for kind "python" only
+    engine_args: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(
+                f"EngineSpec 'kind' has value {self.kind!r}; expected one of {', '.join(KINDS)}"
+            )
+        if self.kind == "python" and not self.python_file:
+            raise ValueError("out=python needs the user's file: write python:FILE.py")
+        if self.kind != "python" and self.python_file is not None:
+            raise ValueError(
+                f"EngineSpec 'python_file' has value {self.python_file!r}, but only "
+                f"out=python takes a file, not out={self.kind}"
+            )
+        object.__setattr__(self, "engine_args", dict(self.engine_args))
+        for key, value in self.engine_args.items():
+            _check_arg(self.kind, key, value)
+        if self.kind == "vllm":
+            VLLMArgs(**self.engine_args)  # value ranges, named, before any worker starts
+
+
+def _check_arg(kind: str, key: str, value: object) -> None:
+    known = _KNOWN_ARGS[kind]
+    if key not in known:
+        raise ValueError(
+            f"engine argument {key!r} is not known to out={kind}; "
+            f"known: {', '.join(sorted(known)) or '(none)'}"
+        )
+    expected = known[key]
+    if not _has_type(value, expected):
+        raise ValueError(
+            f"engine argument {key!r} of out={kind} has value {value!r} of type "
+            f"{type(value).__name__}; expected {_type_name(expected)}"
+        )
+
+
+def _has_type(value: object, expected: Any) -> bool:
+    if isinstance(expected, types.UnionType) or typing.get_origin(expected) is typing.Union:
+        return any(_has_type(value, option) for option in typing.get_args(expected))
+    if expected is type(None):
+        return value is None
+    if isinstance(value, bool):  # bool is an int subclass, but never a count or a size
+        return expected is bool
+    if expected is float:
+        return isinstance(value, int | float)
+    return isinstance(value, expected)
+
+
+def _type_name(expected: Any) -> str:
+    if isinstance(expected, type):
+        return expected.__name__
+    return str(expected)
+
+
+def parse_engine(text: str) -> tuple[str, str | None]:
+    """``(kind, python_file)`` from CLI syntax: torch, echo, mocker or python:FILE.py."""
+    kind, sep, python_file = text.strip().partition(":")
+    if kind == "python":
+        if not python_file:
+            raise ValueError(
+                f"engine {text!r} names no file; write python:FILE.py (valid: {ENGINE_FORMS})"
+            )
+        return kind, python_file
+    if sep or kind not in KINDS:
+        raise ValueError(f"engine {text!r} is not known; valid: {ENGINE_FORMS}")
+    return kind, None
+
+
+def build_engine(spec: EngineSpec) -> Engine:
+    """Builds (but does not start) the engine ``spec`` describes."""
+    if spec.kind == "torch":
+        return LLMEngine(EngineConfig(model=spec.model, **spec.engine_args))
+    if spec.kind == "vllm":
+        # Imported here: vLLM is an optional extra (dynask[vllm]).
+        from dynask.actors.backends.vllm.engine import VLLMEngine
+
+        return VLLMEngine(VLLMArgs(**spec.engine_args), spec.model)
+    if spec.kind == "python":
+        generate = load_generate(str(spec.python_file))  # a bad file fails before the tokenizer
+        return PythonEngine(generate, _tokenizer(spec.model), **spec.engine_args)
+    tokenizer = _tokenizer(spec.model)
+    if spec.kind == "echo":
+        return EchoEngine(tokenizer, **spec.engine_args)
+    return build_mocker_engine(MockerConfig(**spec.engine_args), tokenizer)
+
+
+def _tokenizer(model: str | None) -> Any:
+    return load_tokenizer(resolve_model(model).folder)

@@ -1,0 +1,92 @@
+"""The actor methods of disaggregated prefill, mixed into ``EngineActor``.
+
+The control plane calls them (all ``async``, see ``engine_actor``): ``open_kv_transfer``
+once after ``start`` on actors with a prefill or decode role; then per request
+``prepare_remote_prefill`` on the decode actor, ``prefill_remote`` on the prefill actor
+with the ticket it got, and ``cancel_remote_prefill`` on the decode actor if the prefill
+call failed. Requests and tickets travel as bytes (cheap for Dask to carry).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dynask.actors.api.engine_protocol import Engine
+from dynask.actors.api.sampling_params import SamplingParams
+from dynask.actors.runtime.kv_transfer_service import (
+    DEFAULT_PREFILL_TIMEOUT_S,
+    KVTransferService,
+    RemotePrefillTicket,
+    as_llm_engine,
+)
+from dynask.actors.runtime.token_stream import unpack_request
+from dynask.kv.transfer import make_transport
+
+
+class KVTransferMethods:
+    """Mixin: needs ``name``, ``spec``, ``_running()`` and ``_kv_transfer`` (set to None
+    in ``__init__``) from the actor class."""
+
+    name: str
+    spec: Any
+    _kv_transfer: KVTransferService | None
+
+    def _running(self) -> Engine:
+        raise NotImplementedError
+
+    async def open_kv_transfer(self, transport: str, host: str | None = None) -> str:
+        """Starts this actor's KV listener (``tcp`` or ``ucxx``); returns its address."""
+        if self._kv_transfer is not None:
+            return str(self._kv_transfer.address)
+        engine = as_llm_engine(self._running(), self.name, self.spec.kind)
+        from dynask.actors.runtime.engine_actor import _worker_host
+
+        service = KVTransferService(engine, make_transport(transport))
+        address = await service.start(host or _worker_host())
+        self._kv_transfer = service
+        return address
+
+    async def prepare_remote_prefill(self, packed_request: bytes, timeout_s: float) -> bytes | None:
+        """Decode side: reserves blocks for a request (``token_stream.pack_request``) whose
+        prompt KV a prefill actor will send; returns the ticket for it, or None when the
+        request was queued for a local prefill instead (nothing to move, or no room)."""
+        request_id, prompt, params = unpack_request(packed_request)
+        ticket = await self._kv_service().prepare_import(
+            request_id, prompt, SamplingParams(**params), timeout_s
+        )
+        return None if ticket is None else ticket.pack()
+
+    async def prefill_remote(
+        self, ticket: bytes, packed_request: bytes, timeout_s: float = DEFAULT_PREFILL_TIMEOUT_S
+    ) -> int:
+        """Prefill side: computes the prompt's KV and sends the blocks the ticket asks
+        for to the decode actor; returns how many blocks were sent. A prefill that takes
+        longer than ``timeout_s`` is aborted (the decode actor has stopped waiting)."""
+        _, prompt, params = unpack_request(packed_request)
+        return await self._kv_service().prefill_and_send(
+            RemotePrefillTicket.unpack(ticket), prompt, SamplingParams(**params), timeout_s
+        )
+
+    async def cancel_remote_prefill(self, request_id: str) -> None:
+        """Decode side: the prefill failed; prefill the request locally now."""
+        self._kv_service().cancel_import(request_id)
+
+    async def kv_transfer_stats(self) -> dict[str, int]:
+        """Transfers and blocks sent and received, fallbacks by reason, pending imports."""
+        return self._kv_service().stats()
+
+    def _abort_remote_prefill(self, request_id: str) -> None:
+        if self._kv_transfer is not None:
+            self._kv_transfer.abort_import(request_id)
+
+    async def _close_kv_transfer(self) -> None:
+        if self._kv_transfer is not None:
+            await self._kv_transfer.close()
+            self._kv_transfer = None
+
+    def _kv_service(self) -> KVTransferService:
+        if self._kv_transfer is None:
+            raise RuntimeError(
+                f"engine actor {self.name} has no KV transfer listener; call open_kv_transfer"
+            )
+        return self._kv_transfer

@@ -1,0 +1,271 @@
+"""An engine actor's side of disaggregated prefill: reserving, receiving, exporting KV.
+
+Design decisions:
+
+- The decode actor owns the request from the moment it accepts a ticket. It reserves
+  blocks (``kv_handoff.reserve_import``), registers the transfer with its transport, and
+  a task waits for the KV. Whatever happens next — the KV arrives, the transfer breaks,
+  the timeout passes, the control plane cancels it because the prefill failed — that
+  task ends by queueing the request on the engine (as a prefix hit on the moved blocks,
+  or as a plain local prefill) and releasing the reservation. A request is never lost
+  and no block stays referenced.
+- A client that disconnects while the KV is on its way: the reservation is released at
+  once and the request is never queued; the prefill is not interrupted (its blocks are
+  freed after it sent, and the receiver drops the late bytes).
+- The prefill actor runs the prompt's movable blocks as an ordinary one-token request
+  (so it batches with everything else and fills its own prefix cache), then pins those
+  blocks, exports only the ones the decode actor lacks, unpins them and sends.
+- Calls that take the engine's step lock run in a thread: an engine step can hold it
+  for a whole forward pass, and the worker's event loop must not wait for that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import torch
+
+from dynask.actors.api.sampling_params import SamplingParams
+from dynask.actors.engine.engine import LLMEngine
+from dynask.actors.engine.kv_handoff import (
+    ImportReservation,
+    commit_import,
+    pin_prefix,
+    release,
+    reserve_import,
+)
+from dynask.actors.engine.sequence import check_prompt
+from dynask.kv.hashing import hash_seed
+from dynask.kv.transfer import KVTransport, TransferError, TransferId
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PREFILL_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class RemotePrefillTicket:
+    """What a prefill actor needs to fill a decode actor's reserved blocks."""
+
+    transfer_id: TransferId
+    address: str  # the decode actor's KV listener
+    first_block: int  # the first prompt block the decode actor lacks
+    num_blocks: int  # prompt blocks covered (the ones before first_block are not sent)
+
+    @property
+    def blocks_to_send(self) -> int:
+        return self.num_blocks - self.first_block
+
+    def pack(self) -> bytes:
+        body: bytes = msgpack.packb(
+            [self.transfer_id, self.address, self.first_block, self.num_blocks]
+        )
+        return body
+
+    @classmethod
+    def unpack(cls, data: bytes) -> RemotePrefillTicket:
+        transfer_id, address, first_block, num_blocks = msgpack.unpackb(data)
+        return cls(TransferId(str(transfer_id)), str(address), int(first_block), int(num_blocks))
+
+
+@dataclass(eq=False)
+class PendingImport:
+    """A request whose prompt KV is on its way to this (decode) actor."""
+
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    reservation: ImportReservation
+    staging: torch.Tensor
+    arrived: asyncio.Future[torch.Tensor]
+    aborted: bool = False
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+
+class KVTransferService:
+    """Moves prompt KV between this actor's engine and other actors' (module docstring)."""
+
+    def __init__(self, engine: LLMEngine, transport: KVTransport) -> None:
+        self.engine = engine
+        self.transport = transport
+        self.address: str | None = None
+        self.counters: Counter[str] = Counter()
+        self._pending: dict[str, PendingImport] = {}
+        self._kv_template: torch.Tensor | None = None
+
+    async def start(self, host: str) -> str:
+        self.address = await self.transport.listen(host)
+        return self.address
+
+    def stats(self) -> dict[str, int]:
+        return {**self.counters, "pending_imports": len(self._pending)}
+
+    # ---- decode side ------------------------------------------------------------------
+
+    async def prepare_import(
+        self, request_id: str, prompt: list[int], params: SamplingParams, timeout_s: float
+    ) -> RemotePrefillTicket | None:
+        """Reserves blocks and waits (in a task) for the KV; None: nothing to move or no
+        room, and the request was queued for a local prefill already."""
+        engine = self.engine
+        check_prompt(prompt, engine.max_model_len, engine.parts.model_config.vocab_size)
+        if self.address is None:
+            raise RuntimeError("the KV transfer listener has not started")
+        seed = hash_seed(params.extra_keys)
+        reservation = await asyncio.to_thread(
+            engine.with_kv_blocks, lambda kv: reserve_import(kv, prompt, seed)
+        )
+        if reservation is None:
+            self.counters["local_prefills"] += 1
+            engine.add_request(prompt, params, request_id)
+            return None
+        staging = self._staging(len(reservation.incoming))
+        transfer_id = TransferId(request_id)
+        arrived = self.transport.expect(transfer_id, staging)
+        pending = PendingImport(request_id, prompt, params, reservation, staging, arrived)
+        self._pending[request_id] = pending
+        pending.task = asyncio.create_task(self._finish_import(pending, timeout_s))
+        return RemotePrefillTicket(
+            transfer_id, self.address, reservation.first_incoming, len(reservation.blocks)
+        )
+
+    def cancel_import(self, request_id: str) -> None:
+        """The prefill failed: stop waiting and prefill locally now."""
+        if request_id in self._pending:
+            self.transport.forget(TransferId(request_id))
+
+    def abort_import(self, request_id: str) -> None:
+        """The client went away: release the reservation and never queue the request."""
+        pending = self._pending.get(request_id)
+        if pending is not None:
+            pending.aborted = True
+            self.transport.forget(TransferId(request_id))
+
+    async def _finish_import(self, pending: PendingImport, timeout_s: float) -> None:
+        engine = self.engine
+        reservation = pending.reservation
+        try:
+            reason = await self._wait_for_kv(pending, timeout_s)
+            if reason is None:
+                reason = await self._import(pending)
+            if reason is not None:
+                self.counters[f"fallback_{reason}"] += 1
+                await self._release(reservation)
+                if not pending.aborted:
+                    log.info("request %s: remote prefill failed (%s)", pending.request_id, reason)
+                    engine.add_request(pending.prompt, pending.params, pending.request_id)
+                return
+            if not pending.aborted:
+                engine.add_request(pending.prompt, pending.params, pending.request_id)
+            await self._release(reservation)
+        finally:
+            self._pending.pop(pending.request_id, None)
+
+    async def _wait_for_kv(self, pending: PendingImport, timeout_s: float) -> str | None:
+        """None when the KV arrived; else why not."""
+        arrived = pending.arrived
+        await asyncio.wait({arrived}, timeout=timeout_s)
+        if not arrived.done():
+            self.transport.forget(TransferId(pending.request_id))
+            return "timeout"
+        if pending.aborted:
+            return "aborted"
+        if arrived.cancelled():
+            return "cancelled"
+        if arrived.exception() is not None:
+            return "transfer_error"
+        return None
+
+    async def _import(self, pending: PendingImport) -> str | None:
+        reservation, engine = pending.reservation, self.engine
+        try:
+            await asyncio.to_thread(engine.import_kv, reservation.incoming_ids, pending.staging)
+        except ValueError as exc:
+            log.warning("request %s: received KV does not fit: %s", pending.request_id, exc)
+            return "import_error"
+        await asyncio.to_thread(engine.with_kv_blocks, lambda kv: commit_import(kv, reservation))
+        self.counters["transfers_received"] += 1
+        self.counters["blocks_received"] += len(reservation.incoming)
+        return "aborted" if pending.aborted else None
+
+    async def _release(self, reservation: ImportReservation) -> None:
+        await asyncio.to_thread(
+            self.engine.with_kv_blocks, lambda kv: release(kv, reservation.blocks)
+        )
+
+    def _staging(self, num_blocks: int) -> torch.Tensor:
+        if self._kv_template is None:
+            self._kv_template = self.engine.export_kv([])
+        template = self._kv_template
+        shape = (*template.shape[:2], num_blocks, *template.shape[3:])
+        return torch.empty(shape, dtype=template.dtype, device=template.device)
+
+    # ---- prefill side -----------------------------------------------------------------
+
+    async def prefill_and_send(
+        self,
+        ticket: RemotePrefillTicket,
+        prompt: list[int],
+        params: SamplingParams,
+        timeout_s: float = DEFAULT_PREFILL_TIMEOUT_S,
+    ) -> int:
+        """Computes the prompt's first ``ticket.num_blocks`` blocks, sends the ones the
+        decode actor lacks; returns how many were sent. Raises ``TransferError``, also
+        when the prefill takes longer than ``timeout_s`` (the decode actor has stopped
+        waiting by then; the prefill is aborted and its blocks freed)."""
+        engine = self.engine
+        tokens = prompt[: ticket.num_blocks * engine.kv_block_size]
+        seed = hash_seed(params.extra_keys)
+        prefill = SamplingParams(max_tokens=1, ignore_eos=True, extra_keys=params.extra_keys)
+        request_id = f"{ticket.transfer_id}/prefill"
+        stream = engine.add_request(tokens, prefill, request_id)
+        try:
+            await asyncio.to_thread(stream.wait, timeout_s)
+        except queue.Empty:
+            engine.abort(request_id)
+            self.counters["prefill_timeouts"] += 1
+            raise TransferError(
+                f"transfer {ticket.transfer_id}: the prefill took longer than {timeout_s:g} s"
+            ) from None
+        if stream.finish_reason == "abort":
+            raise TransferError(f"transfer {ticket.transfer_id}: the prefill was aborted")
+        blocks = await asyncio.to_thread(
+            engine.with_kv_blocks, lambda kv: pin_prefix(kv, tokens, seed)
+        )
+        try:
+            if len(blocks) < ticket.num_blocks:
+                raise TransferError(
+                    f"transfer {ticket.transfer_id}: {ticket.num_blocks - len(blocks)} prompt "
+                    "blocks left the prefill actor's cache before export"
+                )
+            ids = [int(b.block_id) for b in blocks[ticket.first_block : ticket.num_blocks]]
+            kv = await asyncio.to_thread(engine.export_kv, ids)
+        finally:
+            await asyncio.to_thread(engine.with_kv_blocks, lambda kv: release(kv, blocks))
+        await self.transport.send(ticket.address, ticket.transfer_id, kv)
+        self.counters["transfers_sent"] += 1
+        self.counters["blocks_sent"] += len(ids)
+        return len(ids)
+
+    async def close(self) -> None:
+        for pending in list(self._pending.values()):
+            pending.aborted = True
+        await self.transport.close()
+        tasks = [p.task for p in self._pending.values() if p.task is not None]
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def as_llm_engine(engine: Any, actor: str, kind: str) -> LLMEngine:
+    """The engine, if it can move KV (the built-in engine and the mocker can)."""
+    if not isinstance(engine, LLMEngine):
+        raise TypeError(
+            f"engine actor {actor} runs out={kind}, which has no KV blocks to move; a "
+            "prefill or decode role needs out=torch or out=mocker"
+        )
+    return engine

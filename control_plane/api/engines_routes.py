@@ -1,0 +1,34 @@
+"""``GET /v1/engines``: the ready engine actors, their placement, load and latest stats."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from dynask.control_plane.serving.service import ServingService
+
+
+def make_engines_routes(
+    service: ServingService, refresh_stats: Callable[[], Awaitable[None]]
+) -> list[Route]:
+    """``refresh_stats`` asks every actor for fresh stats before the answer is built."""
+
+    async def engines(_: Request) -> Response:
+        await refresh_stats()
+        return JSONResponse(
+            [
+                {
+                    "name": a.name,
+                    "deployment": a.deployment,
+                    "worker": a.worker,
+                    "in_flight": a.in_flight,
+                    "stats": a.stats,
+                }
+                for a in service.ready_actors()
+            ]
+        )
+
+    return [Route("/v1/engines", engines, methods=["GET"])]

@@ -1,0 +1,153 @@
+"""What ``dynask run`` and ``dynask serve`` do once their arguments are parsed."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from dynask.control_plane.cli.disagg_flags import disagg_options, embedded_deployments
+from dynask.control_plane.cluster.deploy_file import read_deploy_file
+from dynask.control_plane.cluster.plan import DeploymentPlan, served_name
+
+if TYPE_CHECKING:
+    from dynask.control_plane.server import Extension
+
+IN_MODES = ("http", "text", "batch:FILE.jsonl")
+ENGINE_FORMS = ("torch", "vllm", "echo", "mocker", "python:FILE.py")
+_TORCH_FLAGS = (
+    "device",
+    "dtype",
+    "kv_cache_gib",
+    "max_model_len",
+    "max_num_seqs",
+    "kv_host_gb",
+    "kv_disk_gb",
+    "kv_disk_path",
+    "kv_disk_min_uses",
+)
+_ENGINE_FLAGS = (
+    *_TORCH_FLAGS,
+    *("block_size", "gpu_memory_utilization", "tensor_parallel_size", "enforce_eager"),
+)
+
+
+def _check_input(mode: str) -> None:
+    if mode in ("http", "text") or (mode.startswith("batch:") and mode != "batch:"):
+        return
+    if mode == "batch:":
+        raise ValueError("in=batch: needs a file, e.g. in=batch:prompts.jsonl")
+    raise ValueError(
+        f"in={mode} is not an input mode; use one of: " + ", ".join(f"in={m}" for m in IN_MODES)
+    )
+
+
+def _engine_args(args: argparse.Namespace, kind: str) -> dict[str, Any]:
+    """Only the flags the user set; the engine factory rejects ones its engine lacks."""
+    given = {name: getattr(args, name, None) for name in _ENGINE_FLAGS}
+    given = {k: v for k, v in given.items() if v is not None and v != "auto"}
+    return given
+
+
+def run_command(args: argparse.Namespace, extensions: Sequence[Extension] = ()) -> int:
+    from dynask.actors.engine.loader import resolve_model
+    from dynask.actors.runtime.engine_factory import EngineSpec, parse_engine
+
+    _check_input(args.input)
+    kind, python_file = parse_engine(args.engine)
+    if args.model and args.model_path and args.model != args.model_path:
+        raise ValueError(f"two models given ({args.model!r} and --model-path {args.model_path!r})")
+    model = args.model or args.model_path
+    # Resolve here, once: a bad path fails before any worker starts, and a GGUF file is
+    # converted by this process rather than by every worker at the same time.
+    resolve_model(model)
+    spec = EngineSpec(
+        kind=kind, model=model, python_file=python_file, engine_args=_engine_args(args, kind)
+    )
+    if args.input == "http":
+        aggregated = DeploymentPlan(
+            name="default",
+            served_model_name=args.model_name or served_name(model),
+            spec=spec,
+            replicas=args.workers,
+        )
+        deployments, n_workers = embedded_deployments(args, aggregated)
+        return _serve_http(
+            args, deployments, scheduler=None, n_workers=n_workers, extensions=extensions
+        )
+    if kind != "torch":
+        raise ValueError(f"in={args.input} runs the built-in engine only; drop out={args.engine}")
+    return _run_local(args, model)
+
+
+def _run_local(args: argparse.Namespace, model: str | None) -> int:
+    from dynask.actors.api.sampling_params import SamplingParams
+    from dynask.actors.engine.config import EngineConfig
+    from dynask.actors.engine.engine import LLMEngine
+
+    config = EngineConfig(model=model, **_engine_args(args, "torch"))
+    print(f"loading {model or 'the bundled SmolLM2-135M-Instruct'} ...", file=sys.stderr)
+    engine = LLMEngine(config)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
+    engine.start()
+    try:
+        if args.input.startswith("batch:"):
+            from dynask.control_plane.cli.batch_input import run_batch
+
+            return run_batch(engine, args.input.removeprefix("batch:"), params)
+        from dynask.control_plane.cli.text_chat import run_text_chat
+
+        return run_text_chat(engine, params)
+    finally:
+        engine.shutdown()
+
+
+def serve_command(args: argparse.Namespace, extensions: Sequence[Extension] = ()) -> int:
+    if getattr(args, "graph", None):
+        from dynask.control_plane.cli.graph_command import graph_extension, graph_plan_for
+
+        plan = graph_plan_for(args)
+        return _serve_http(
+            args, plan.deployments, args.scheduler, 0, [graph_extension(plan), *extensions]
+        )
+    if args.port is None:
+        args.port = 8000
+    deployments = read_deploy_file(args.deploy_file) if args.deploy_file else []
+    return _serve_http(
+        args, deployments, scheduler=args.scheduler, n_workers=0, extensions=extensions
+    )
+
+
+def _serve_http(
+    args: argparse.Namespace,
+    deployments: list[DeploymentPlan],
+    scheduler: str | None,
+    n_workers: int,
+    extensions: Sequence[Extension] = (),
+) -> int:
+    from dynask.control_plane.cli.planner_flags import planner_config
+    from dynask.control_plane.cli.reliability_flags import reliability_options
+    from dynask.control_plane.routing.model_routing import RoutingOptions
+    from dynask.control_plane.server import ControlPlane, ServerOptions
+
+    routing = RoutingOptions(
+        mode=args.router_mode,
+        overlap_weight=args.kv_overlap_weight,
+        temperature=args.router_temperature,
+        max_active_blocks=args.max_active_blocks,
+        max_queue=args.max_queue,
+    )
+    options = ServerOptions(
+        host=args.host,
+        port=args.port,
+        routing=routing,
+        scheduler_address=scheduler,
+        n_workers=n_workers,
+        database_url=args.database_url,
+        require_api_key=args.require_api_key,
+        disagg=disagg_options(args),
+        reliability=reliability_options(args),
+        planner=planner_config(args),
+    )
+    return ControlPlane(deployments, options, extensions).serve()

@@ -1,0 +1,199 @@
+"""The ``dynask`` command.
+
+``dynask run [MODEL] [in=http|text|batch:FILE.jsonl] [out=torch|vllm|echo|mocker|python:FILE.py]``
+runs everything embedded; ``dynask serve --scheduler tcp://HOST:8786 [-f deploy.yaml]``
+is the control plane of an existing Dask cluster; ``dynask keys create NAME`` makes an
+API key; ``dynask db upgrade`` migrates the database. NVIDIA Dynamo's ``in=``/``out=``
+syntax and plain flags both work. A wrong argument gets a message that says what was
+wrong and the right form.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from dynask.control_plane.cli.arg_types import non_negative_float, positive_int
+from dynask.control_plane.cli.commands import ENGINE_FORMS, IN_MODES, run_command, serve_command
+from dynask.control_plane.cli.disagg_flags import add_disagg_arguments
+from dynask.control_plane.cli.keys_command import add_keys_parser, keys_command
+from dynask.control_plane.cli.planner_flags import add_planner_args
+from dynask.control_plane.cli.reliability_flags import add_reliability_args
+from dynask.control_plane.routing.kv_router import KV_MODE, ROUTING_MODES
+
+
+class CLIError(ValueError):
+    """A command-line mistake; the message says what to type instead."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dynask", description="LLM serving on Dask.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_run(commands.add_parser("run", help="run a model with everything embedded"))
+    _add_serve(commands.add_parser("serve", help="the control plane of an existing Dask cluster"))
+    add_keys_parser(commands)
+    db = commands.add_parser("db", help="database maintenance")
+    db.add_argument("action", choices=["upgrade", "current"], help="upgrade to the newest schema")
+    db.add_argument("--database-url", default=None, help="default: $DYNASK_DATABASE_URL or SQLite")
+    return parser
+
+
+def _add_common(cmd: argparse.ArgumentParser, require_api_key: bool) -> None:
+    cmd.add_argument("--host", default="127.0.0.1")
+    cmd.add_argument(
+        "--require-api-key",
+        action=argparse.BooleanOptionalAction,
+        default=require_api_key,
+        help="/v1 needs 'Authorization: Bearer KEY' (see `dynask keys`; default: "
+        + ("on)" if require_api_key else "off)"),
+    )
+    cmd.add_argument("--port", type=int, default=8000)
+    cmd.add_argument("--database-url", default=None, help="default: $DYNASK_DATABASE_URL or SQLite")
+    cmd.add_argument("--log-level", default="WARNING")
+    _add_routing(cmd)
+    add_reliability_args(cmd)
+    add_planner_args(cmd)
+
+
+def _add_routing(cmd: argparse.ArgumentParser) -> None:
+    routing = cmd.add_argument_group(
+        'routing (a request may override --router-mode with "router_mode" in its body)'
+    )
+    routing.add_argument(
+        "--router-mode",
+        default=KV_MODE,
+        choices=ROUTING_MODES,
+        help="kv: the actor holding most of the prompt's KV, net of its load (default)",
+    )
+    routing.add_argument(
+        "--kv-overlap-weight",
+        type=non_negative_float,
+        default=1.0,
+        help="cost of one prefill block against one decode block (default 1.0)",
+    )
+    routing.add_argument(
+        "--router-temperature",
+        type=non_negative_float,
+        default=0.0,
+        help="0: lowest cost wins; > 0: sample by softmax over the costs",
+    )
+    routing.add_argument(
+        "--max-active-blocks",
+        type=positive_int,
+        default=None,
+        help="503 when every engine has this many KV blocks in flight (default: no limit)",
+    )
+    routing.add_argument(
+        "--max-queue",
+        type=positive_int,
+        default=None,
+        help="503 when every engine has this many requests waiting (default: no limit)",
+    )
+
+
+def _add_run(run: argparse.ArgumentParser) -> None:
+    run.add_argument(
+        "model",
+        nargs="?",
+        default=None,
+        help="HF folder, .gguf file or hub id (default: bundled SmolLM2-135M)",
+    )
+    run.add_argument("--in", dest="input", default="http", help=" | ".join(IN_MODES))
+    run.add_argument("--out", dest="engine", default="torch", help=" | ".join(ENGINE_FORMS))
+    run.add_argument("--model-path", dest="model_path", default=None, help="same as MODEL")
+    run.add_argument("--model-name", default=None, help="the name clients use")
+    run.add_argument(
+        "--workers", type=int, default=1, help="local worker processes (1 engine each)"
+    )
+    run.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    run.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
+    run.add_argument("--kv-cache-gib", type=float, default=None, help="KV cache size on a CPU")
+    run.add_argument(
+        "--kv-host-gb", type=float, default=None, help="host-memory KV offload tier (GB; 0: off)"
+    )
+    run.add_argument("--kv-disk-gb", type=float, default=None, help="disk KV tier (GB; 0: off)")
+    run.add_argument("--kv-disk-path", default=None, help="disk KV tier folder")
+    run.add_argument(
+        "--kv-disk-min-uses", type=int, default=None, help="uses before a block goes to disk"
+    )
+    run.add_argument("--max-model-len", type=int, default=None)
+    run.add_argument("--max-num-seqs", type=int, default=None)
+    run.add_argument("--block-size", type=int, default=None, help="tokens per KV block")
+    run.add_argument("--gpu-memory-utilization", type=float, default=None)
+    run.add_argument("--tensor-parallel-size", type=int, default=None, help="out=vllm")
+    run.add_argument(
+        "--enforce-eager", action="store_const", const=True, default=None, help="out=vllm"
+    )
+    run.add_argument("--max-tokens", type=int, default=512, help="per reply (in=text/batch)")
+    run.add_argument("--temperature", type=float, default=0.7, help="in=text/batch")
+    _add_common(run, require_api_key=False)
+    add_disagg_arguments(run, embedded=True)
+
+
+def _add_serve(serve: argparse.ArgumentParser) -> None:
+    serve.add_argument(
+        "graph",
+        nargs="?",
+        default=None,
+        help="an inference graph, MODULE:Component (e.g. deploy/graphs/agg.py:Frontend); "
+        "then -f is its CONFIG.yaml",
+    )
+    serve.add_argument("--scheduler", required=True, help="tcp://HOST:8786")
+    serve.add_argument(
+        "-f", "--file", dest="deploy_file", default=None, help="deploy.yaml, or a graph's YAML"
+    )
+    _add_common(serve, require_api_key=True)
+    serve.set_defaults(port=None)  # None: the graph's Frontend port, else 8000
+    add_disagg_arguments(serve, embedded=False)
+
+
+def normalize_dynamo_args(argv: Sequence[str]) -> list[str]:
+    """Turns ``in=X`` / ``out=Y`` into ``--in X`` / ``--out Y``."""
+    result: list[str] = []
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if sep and key in ("in", "out") and not arg.startswith("-"):
+            result += [f"--{key}", value]
+        else:
+            result.append(arg)
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(normalize_dynamo_args(sys.argv[1:] if argv is None else argv))
+    logging.basicConfig(
+        level=args.log_level.upper() if hasattr(args, "log_level") else "WARNING",
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        if args.command in ("run", "serve"):
+            # The composition root: the admin UI (``web``) plugs into the control plane here.
+            from dynask.web.mount import admin_extension
+
+            command = run_command if args.command == "run" else serve_command
+            return command(args, extensions=[admin_extension])
+        if args.command == "keys":
+            return keys_command(args)
+        return _db_command(args)
+    except (ValueError, FileNotFoundError, KeyError) as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"dynask: error: {message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _db_command(args: argparse.Namespace) -> int:
+    from dynask.control_plane.state.database import current_revision, default_database_url, upgrade
+
+    url = args.database_url or default_database_url()
+    if args.action == "upgrade":
+        upgrade(url)
+    print(f"{url}: schema revision {current_revision(url)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

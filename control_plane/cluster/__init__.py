@@ -1,0 +1,4 @@
+"""The Dask cluster as the control plane runs it: the deployment plan, the reconciler that
+makes the cluster match it, adopting running actors, admin actions, keeping the database
+in step, and ``deploy.yaml``.
+"""

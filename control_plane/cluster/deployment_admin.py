@@ -1,0 +1,175 @@
+"""Changing deployments while serving: store the change, then let the reconciler act.
+
+Design decisions:
+- The database is the desired state: every change is written first (with its event,
+  who/what/when, in the same transaction by ``Repository``), then the runtime's desired
+  state is reloaded from it, and a reconcile runs in the background (starting an actor
+  loads a model; no request waits for that).
+- A deployment is checked before it is stored, beyond ``DeploymentSpec``'s own checks:
+  the model must exist when it is a path, and the engine arguments must be known to the
+  engine, of the right type and in range. ``DeploymentInvalidError`` names the field.
+- Status merges the runtime's live actors with the actor rows the recorder wrote since
+  this control plane started (older rows describe processes that are gone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dynask.actors.backends.mocker import MockerConfig
+from dynask.actors.runtime.engine_factory import EngineSpec
+from dynask.control_plane.cluster.reconciler import ClusterRuntime
+from dynask.control_plane.cluster.state_sync import BUNDLED_MODEL, stored_plans
+from dynask.control_plane.state.models import utcnow
+from dynask.control_plane.state.repository import (
+    ActorInstance,
+    Deployment,
+    DeploymentSpec,
+    Repository,
+)
+
+log = logging.getLogger(__name__)
+
+DEPLOYABLE_ENGINES = ("torch", "vllm", "mocker", "echo")
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+class DeploymentInvalidError(ValueError):
+    """A deployment that cannot run; ``field`` names the form field at fault."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field_name
+
+
+def check_model(model: str) -> None:
+    """Raises DeploymentInvalidError unless ``model`` is empty (the bundled model), an
+    existing HF folder or ``.gguf`` file, or a hub id ``org/name``."""
+    if model in ("", BUNDLED_MODEL):
+        return
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise DeploymentInvalidError(
+                "model", f"the folder '{model}' has no config.json; it is not an HF model folder"
+            )
+        return
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise DeploymentInvalidError(
+                "model", f"the file '{model}' is not a .gguf file; pass a .gguf file or a folder"
+            )
+        return
+    if model.startswith((".", "/", "~")) or model.endswith(".gguf") or not _HUB_ID.fullmatch(model):
+        raise DeploymentInvalidError(
+            "model",
+            f"'{model}' is neither an existing folder or .gguf file nor a hub id such as "
+            "'HuggingFaceTB/SmolLM2-135M-Instruct'",
+        )
+
+
+def check_engine_args(engine: str, model: str, engine_args: Mapping[str, Any]) -> None:
+    """Raises DeploymentInvalidError unless ``engine`` takes ``engine_args``."""
+    if engine not in DEPLOYABLE_ENGINES:
+        raise DeploymentInvalidError(
+            "engine", f"engine '{engine}' is not one of {', '.join(DEPLOYABLE_ENGINES)}"
+        )
+    try:
+        EngineSpec(kind=engine, model=model or None, engine_args=dict(engine_args))
+        if engine == "mocker":
+            MockerConfig(**engine_args)
+    except (ValueError, TypeError) as exc:
+        raise DeploymentInvalidError("engine_args", str(exc)) from exc
+
+
+@dataclass(frozen=True)
+class DeploymentStatus:
+    """A deployment and how far the cluster is from it."""
+
+    deployment: Deployment
+    state: str  # ready | starting | waiting | failed | degraded | stopped
+    detail: str
+    ready_actors: list[str] = field(default_factory=list)
+
+
+class DeploymentAdmin:
+    """Creates, scales and deletes deployments on the database and the running cluster."""
+
+    def __init__(self, repo: Repository, runtime: ClusterRuntime) -> None:
+        self.repo = repo
+        self.runtime = runtime
+        self.started_at = utcnow()
+        self._background: set[asyncio.Task[None]] = set()
+
+    async def create(self, spec: DeploymentSpec, who: str) -> Deployment:
+        check_model(spec.model)
+        check_engine_args(spec.engine, spec.model, spec.engine_args)
+        created = await asyncio.to_thread(self.repo.create_deployment, spec, who)
+        await self.apply()
+        return created
+
+    async def scale(self, name: str, replicas: int, who: str) -> Deployment:
+        scaled = await asyncio.to_thread(self.repo.scale_deployment, name, replicas, who)
+        await self.apply()
+        return scaled
+
+    async def delete(self, name: str, who: str) -> None:
+        await asyncio.to_thread(self.repo.delete_deployment, name, who)
+        await self.apply()
+
+    async def apply(self) -> None:
+        """Makes the runtime's desired state the database's, and reconciles soon."""
+        self.runtime.set_deployments(await asyncio.to_thread(stored_plans, self.repo))
+        if self.runtime.client is None:
+            return  # still starting: ``start`` reconciles the new desired state
+        task = asyncio.create_task(self.runtime.reconcile(), name="reconcile-after-change")
+        self._background.add(task)
+        task.add_done_callback(self._reconciled)
+
+    def _reconciled(self, task: asyncio.Task[None]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("reconcile after a deployment change failed: %s", task.exception())
+
+    async def statuses(self) -> list[DeploymentStatus]:
+        deployments, rows = await asyncio.to_thread(self._stored)
+        ready: dict[str, list[str]] = {}
+        for handle in self.runtime.service.ready_actors():
+            ready.setdefault(handle.deployment, []).append(handle.name)
+        return [
+            _status(d, sorted(ready.get(d.name, [])), rows.get(d.name, [])) for d in deployments
+        ]
+
+    def _stored(self) -> tuple[list[Deployment], dict[str, list[ActorInstance]]]:
+        rows: dict[str, list[ActorInstance]] = {}
+        for actor in self.repo.list_actors():
+            if actor.updated_at >= self.started_at:
+                rows.setdefault(actor.deployment_name, []).append(actor)
+        return self.repo.list_deployments(), rows
+
+
+def _status(
+    deployment: Deployment, ready: list[str], rows: list[ActorInstance]
+) -> DeploymentStatus:
+    wanted = deployment.replicas
+    if wanted == 0:
+        return DeploymentStatus(deployment, "stopped", "scaled to 0 replicas", ready)
+    if len(ready) >= wanted:
+        return DeploymentStatus(deployment, "ready", f"{len(ready)}/{wanted} ready", ready)
+    latest = rows[-1] if rows else None
+    if latest is not None and latest.status == "failed":
+        return DeploymentStatus(deployment, "failed", latest.error or "the actor failed", ready)
+    if latest is not None and latest.status == "starting":
+        return DeploymentStatus(
+            deployment, "starting", f"{len(ready)}/{wanted} ready; loading on a worker", ready
+        )
+    state = "degraded" if ready else "waiting"
+    return DeploymentStatus(
+        deployment, state, f"{len(ready)}/{wanted} ready; waiting for a free worker", ready
+    )

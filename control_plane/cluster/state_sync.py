@@ -1,0 +1,130 @@
+"""Keeping the database and the running cluster in step.
+
+Deployments (desired state) go into the database when ``run``/``serve`` start, and a
+``serve`` without a deploy file restores them from it. Actor instances and workers
+(observed state) are written as the runtime starts, loses or replaces actors; every
+change lands in the event log.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from dynask.actors.runtime.engine_factory import EngineSpec
+from dynask.control_plane.cluster.plan import DeploymentPlan
+from dynask.control_plane.state.repository import (
+    ActorId,
+    ActorNotFoundError,
+    Deployment,
+    DeploymentSpec,
+    Repository,
+)
+
+log = logging.getLogger(__name__)
+
+BUNDLED_MODEL = "bundled:SmolLM2-135M-Instruct"  # stored for "no model given"
+
+
+def plan_to_spec(plan: DeploymentPlan) -> DeploymentSpec:
+    return DeploymentSpec(
+        name=plan.name,
+        model=plan.spec.model or BUNDLED_MODEL,
+        engine=plan.spec.kind,
+        replicas=plan.replicas,
+        engine_args=dict(plan.spec.engine_args),
+        served_model_name=plan.served_model_name,
+        engine_file=plan.spec.python_file,
+        role=plan.role,
+    )
+
+
+def deployment_to_plan(deployment: Deployment) -> DeploymentPlan:
+    model = None if deployment.model == BUNDLED_MODEL else deployment.model
+    spec = EngineSpec(
+        kind=deployment.engine,
+        model=model,
+        python_file=deployment.engine_file,
+        engine_args=dict(deployment.engine_args),
+    )
+    return DeploymentPlan(
+        deployment.name,
+        deployment.served_model_name or deployment.name,
+        spec,
+        deployment.replicas,
+        deployment.role,
+    )
+
+
+def store_deployments(repo: Repository, plans: list[DeploymentPlan], who: str) -> None:
+    """Writes ``plans`` as the desired state; a changed deployment is replaced."""
+    for plan in plans:
+        wanted = plan_to_spec(plan)
+        current = repo.get_deployment(plan.name)
+        if current is not None and _same(current, wanted):
+            continue
+        if current is not None:
+            repo.delete_deployment(plan.name, who)
+        repo.create_deployment(wanted, who)
+
+
+def _same(current: Deployment, wanted: DeploymentSpec) -> bool:
+    keys = ("model", "engine", "replicas", "served_model_name", "engine_file", "role")
+    return all(getattr(current, k) == getattr(wanted, k) for k in keys) and (
+        current.engine_args == dict(wanted.engine_args)
+    )
+
+
+def stored_plans(repo: Repository) -> list[DeploymentPlan]:
+    return [deployment_to_plan(d) for d in repo.list_deployments()]
+
+
+class ActorRecorder:
+    """The runtime's actor hook: mirrors actor lifecycles into the database.
+
+    The hook is called on the control plane's event loop, which also writes every token
+    stream; the database writes run in order on one thread of their own, so a slow
+    database (a remote PostgreSQL) never stalls the streams.
+    """
+
+    def __init__(self, repo: Repository) -> None:
+        self.repo = repo
+        self._ids: dict[str, ActorId] = {}
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="actor-recorder")
+
+    def __call__(self, actor: str, status: str, details: dict[str, Any]) -> None:
+        self._writer.submit(self._record_quietly, actor, status, dict(details))
+
+    def close(self) -> None:
+        """Waits for the writes already queued."""
+        self._writer.shutdown(wait=True)
+
+    def _record_quietly(self, actor: str, status: str, details: dict[str, Any]) -> None:
+        try:
+            self._record(actor, status, details)
+        except Exception:  # state is advisory here: serving goes on, the log says why
+            log.exception("could not record actor %s as %s", actor, status)
+
+    def _record(self, actor: str, status: str, details: dict[str, Any]) -> None:
+        worker = str(details.get("worker", ""))
+        if status == "starting":
+            self.repo.upsert_worker(
+                worker,
+                str(details.get("worker_name", worker)),
+                dict(details.get("resources", {})),
+                [],
+            )
+            instance = self.repo.add_actor(str(details["deployment"]), worker, "starting")
+            self._ids[actor] = instance.id
+        elif actor in self._ids:
+            try:
+                self.repo.update_actor(
+                    self._ids[actor],
+                    status=status,
+                    stream_address=details.get("stream_address"),
+                    error=details.get("error"),
+                )
+            except ActorNotFoundError:  # its deployment was deleted: the row went with it
+                del self._ids[actor]
+        self.repo.log_event("runtime", f"actor.{status}", actor, details)

@@ -1,0 +1,195 @@
+"""Disaggregated prefill and decode: when a prompt is prefilled on another actor, and how.
+
+Design decisions:
+
+- A served model whose actors include both ``prefill`` and ``decode`` roles is served
+  disaggregated. Requests are routed to the non-prefill actors as usual (the router's
+  mode: ``kv`` weighs load and the prompt blocks each one caches); prefill actors only
+  ever prefill.
+- Conditional, as in Dynamo: the decode actor prefills by itself when the prompt's
+  tokens it does not cache (by the router's index) are fewer than
+  ``min_remote_prefill_tokens``, when the chosen actor has no KV listener (an
+  aggregated actor), or when every prefill actor already has
+  ``max_prefills_per_actor`` prefills in flight. Otherwise a prefill actor is chosen
+  KV-aware among the ones with room (the decision lands in the routing log, under the
+  request id with ``/prefill``).
+- The request is handed to the decode actor first (``prepare_remote_prefill``): it
+  reserves the blocks and from then on owns the request, falling back to a local
+  prefill by itself if the KV does not arrive in ``transfer_timeout_s``. Only then is
+  the prefill actor asked (``prefill_remote``), in a task of its own; if that call
+  fails, the decode actor is told to fall back at once. The client's stream reads the
+  decode actor's deltas as for any request, and a client that leaves aborts the request
+  on the decode actor, never the prefill in flight (its blocks are freed after it sent).
+- Bad input (``ValueError`` from the decode actor) fails the request as usual; any other
+  failure to hand it over disaggregated submits it plainly instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from dynask.control_plane.routing.model_routing import (
+    ModelRouting,
+    NoReadyActorError,
+    OverloadedError,
+)
+from dynask.control_plane.serving.actor_handle import ActorHandle
+
+log = logging.getLogger(__name__)
+
+PREFILL_ROLE, DECODE_ROLE, AGGREGATED_ROLE = "prefill", "decode", "aggregated"
+KV_TRANSFER_ADDRESS = "kv_transfer_address"  # in an actor's info when its listener is open
+
+Submit = Callable[[bytes], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class DisaggOptions:
+    """When prompts are prefilled remotely and how KV moves (``dynask run/serve`` flags)."""
+
+    transport: str = "tcp"
+    min_remote_prefill_tokens: int = 64
+    max_prefills_per_actor: int = 8
+    transfer_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        from dynask.kv.transfer import TRANSPORTS
+
+        if self.transport not in TRANSPORTS:
+            raise ValueError(
+                f"DisaggOptions 'transport' has value {self.transport!r}; "
+                f"expected one of {', '.join(TRANSPORTS)}"
+            )
+        for name in ("min_remote_prefill_tokens", "max_prefills_per_actor"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"DisaggOptions '{name}' has value {value!r}; expected int >= 0")
+        if not 0 < self.transfer_timeout_s < float("inf"):
+            raise ValueError(
+                f"DisaggOptions 'transfer_timeout_s' has value {self.transfer_timeout_s!r}; "
+                "expected a number > 0"
+            )
+
+
+@dataclass
+class PrefillPlan:
+    """The prefill actor chosen for one request (its load counts the prefill)."""
+
+    request_id: str
+    prefill_actor: ActorHandle
+    started: bool = False
+
+    @property
+    def load_key(self) -> str:
+        return f"{self.request_id}/prefill"
+
+    def release(self) -> None:
+        self.prefill_actor.load.release(self.load_key)
+
+    def release_unless_started(self) -> None:
+        """Uncounts a plan whose request never reached ``submit`` (its task does it else)."""
+        if not self.started:
+            self.release()
+
+
+class DisaggOrchestrator:
+    """Plans and runs remote prefills for a ``ServingService`` (see the module docstring)."""
+
+    def __init__(self, options: DisaggOptions | None = None) -> None:
+        self.options = options or DisaggOptions()
+        self.counters: Counter[str] = Counter()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def plan(
+        self,
+        routing: ModelRouting,
+        request_id: str,
+        prompt_ids: Sequence[int],
+        decode: ActorHandle,
+        cached_on_decode: int,
+        prefill_actors: Sequence[ActorHandle],
+    ) -> PrefillPlan | None:
+        """A prefill actor for the request, or None when the decode actor prefills it."""
+        if not prefill_actors or KV_TRANSFER_ADDRESS not in decode.info:
+            return None
+        if len(prompt_ids) - cached_on_decode < self.options.min_remote_prefill_tokens:
+            self.counters["local_short_or_cached"] += 1
+            return None
+        limit = self.options.max_prefills_per_actor
+        free = [a for a in prefill_actors if not a.broken and a.in_flight < limit]
+        key = f"{request_id}/prefill"
+        try:
+            route = routing.choose(key, prompt_ids, free) if free else None
+        except (NoReadyActorError, OverloadedError):
+            route = None
+        if route is None:
+            self.counters["local_prefill_busy"] += 1
+            return None
+        route.actor.reserve(key, len(prompt_ids), route.expected_cached_tokens)
+        return PrefillPlan(request_id, route.actor)
+
+    def submitter(self, plan: PrefillPlan, decode: ActorHandle) -> Submit:
+        """What ``ActorHandle.generate`` calls instead of its plain submission."""
+
+        async def submit(packed: bytes) -> None:
+            plan.started = True
+            try:
+                ticket = await decode.proxy.prepare_remote_prefill(
+                    packed, self.options.transfer_timeout_s
+                )
+            except ValueError:
+                plan.release()
+                raise
+            except Exception as exc:
+                plan.release()
+                log.warning("disaggregated hand-over to %s failed (%s)", decode.name, exc)
+                self.counters["local_handover_failed"] += 1
+                await decode.proxy.submit(packed)
+                return
+            if ticket is None:
+                plan.release()
+                self.counters["local_decided_by_decode"] += 1
+                return
+            task = asyncio.create_task(self._prefill(plan, decode, bytes(ticket), packed))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+        return submit
+
+    async def _prefill(
+        self, plan: PrefillPlan, decode: ActorHandle, ticket: bytes, packed: bytes
+    ) -> None:
+        try:
+            blocks = await plan.prefill_actor.proxy.prefill_remote(
+                ticket, packed, self.options.transfer_timeout_s
+            )
+        except Exception as exc:  # the decode actor falls back; say why in the log
+            self.counters["remote_prefill_failed"] += 1
+            log.warning(
+                "remote prefill of %s on %s failed (%s); %s prefills it",
+                plan.request_id,
+                plan.prefill_actor.name,
+                exc,
+                decode.name,
+            )
+            await self._cancel_quietly(plan.request_id, decode)
+        else:
+            self.counters["remote_prefills"] += 1
+            self.counters["blocks_moved"] += int(blocks)
+        finally:
+            plan.release()
+
+    async def _cancel_quietly(self, request_id: str, decode: ActorHandle) -> None:
+        try:
+            await decode.proxy.cancel_remote_prefill(request_id)
+        except Exception as exc:  # its own timeout still ends the wait
+            log.warning("cancelling the transfer of %s on %s: %s", request_id, decode.name, exc)
+
+    async def wait_idle(self) -> None:
+        """Returns once no prefill task is running (tests, shutdown)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)

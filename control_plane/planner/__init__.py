@@ -1,0 +1,1 @@
+"""Autoscaling: the planner's pure decision and the loop that observes and scales."""

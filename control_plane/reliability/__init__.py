@@ -1,0 +1,3 @@
+"""Surviving lost workers and overload: request migration, noticing lost actors, and the
+options that tune both.
+"""

@@ -1,0 +1,244 @@
+"""KV-aware routing for one served model: its prefix indices, its routers, its decisions.
+
+Design decisions:
+
+- One ``PrefixIndex`` per served model, keyed by actor name, fed through an
+  ``ActorKVSync`` per actor whose engine reports KV events (``info["kv_events"]``).
+  Actors without (echo, python) go into an ``ApproxIndex`` instead: a prompt's blocks are
+  assumed cached on the actor it was routed to, for a TTL. ``find_matches`` merges the
+  two (their actors are disjoint), so the ``KVRouter`` sees one index.
+- Prompts are hashed in the block size of the model's first event-reporting actor (16
+  when there is none). An actor with another block size is still served, but its blocks
+  never match the prompt's hashes: its overlap is 0. The index under-reports then; it
+  never misleads. (A model's deployments normally share one engine configuration.)
+- One ``KVRouter`` per mode, made on first use: round-robin keeps its turn, and requests
+  that override the mode do not disturb the default's state. All of them record into
+  the model's ``DecisionLog``.
+- Candidates are the model's actors whose stream is up, with the load this control
+  plane put on them (``ActorLoad``) and the blocks the index says they hold. Actors at an
+  overload threshold are left out; when none is left, ``OverloadedError`` (a 503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dynask.control_plane.routing.kv_event_sync import ActorKVSync
+from dynask.control_plane.routing.kv_router import (
+    DEFAULT_LOG_SIZE,
+    KV_MODE,
+    Candidate,
+    DecisionLog,
+    KVRouter,
+    OverloadThresholds,
+    RouterConfig,
+    RoutingDecision,
+)
+from dynask.control_plane.serving.actor_handle import ActorHandle
+from dynask.control_plane.serving.actor_load import DEFAULT_BLOCK_SIZE
+from dynask.control_plane.serving.metrics import ServingMetrics
+from dynask.kv.approx_index import ApproxIndex
+from dynask.kv.hashing import local_block_hash
+from dynask.kv.prefix_index import PrefixIndex, TierOverlap
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RoutingOptions:
+    """How the control plane routes (``--router-mode`` and friends)."""
+
+    mode: str = KV_MODE
+    overlap_weight: float = 1.0
+    temperature: float = 0.0
+    max_active_blocks: int | None = None  # None: never shed on active blocks
+    max_queue: int | None = None  # None: never shed on queued requests
+    seed: int | None = None
+    log_size: int = DEFAULT_LOG_SIZE
+
+    def __post_init__(self) -> None:
+        self.router_config(self.mode)  # each raises ValueError naming the bad field
+        _ = self.thresholds
+        if isinstance(self.log_size, bool) or not isinstance(self.log_size, int):
+            raise ValueError(f"RoutingOptions.log_size has value {self.log_size!r}; expected int")
+        if self.log_size < 1:
+            raise ValueError(f"RoutingOptions.log_size must be >= 1, got {self.log_size!r}")
+
+    def router_config(self, mode: str) -> RouterConfig:
+        return RouterConfig(mode, self.overlap_weight, self.temperature, self.seed)
+
+    @property
+    def thresholds(self) -> OverloadThresholds:
+        return OverloadThresholds(self.max_active_blocks, self.max_queue)
+
+
+class OverloadedError(RuntimeError):
+    """Every actor of the model is at an overload threshold; the message says which."""
+
+
+class NoReadyActorError(RuntimeError):
+    """The model has no actor whose stream is up."""
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where one request goes, and why."""
+
+    actor: ActorHandle
+    decision: RoutingDecision
+    expected_cached_tokens: int  # the winner's overlap, in tokens
+
+
+class ModelRouting:
+    """Routing state of one served model; see the module docstring."""
+
+    def __init__(self, model: str, options: RoutingOptions, metrics: ServingMetrics) -> None:
+        self.model = model
+        self.options = options
+        self.prefix = PrefixIndex()
+        self.approx = ApproxIndex()
+        self.decisions = DecisionLog(options.log_size)
+        self.block_size: int | None = None  # set by the first event-reporting actor
+        self._metrics = metrics
+        self._decision_seconds = metrics.routing_seconds.labels(model)  # resolved once
+        self._thresholds = options.thresholds
+        self._routers: dict[str, KVRouter] = {}
+        self._syncs: dict[str, ActorKVSync] = {}
+        self._approx_actors: set[str] = set()
+
+    # ---- actors ---------------------------------------------------------------------
+
+    def add_actor(self, handle: ActorHandle) -> None:
+        """Starts following ``handle``'s KV events (from a dump), or its routed prompts."""
+        if not handle.info.get("kv_events"):
+            self._approx_actors.add(handle.name)
+            return
+        block_size = int(handle.info["kv_block_size"])
+        if self.block_size is None:
+            self.block_size = block_size
+        elif block_size != self.block_size:
+            log.warning(
+                "engine actor %s of model '%s' has KV blocks of %d tokens, the model's "
+                "others %d: its prefix cache will not be matched (overlap 0); give the "
+                "model's deployments one block_size",
+                handle.name,
+                self.model,
+                block_size,
+                self.block_size,
+            )
+        resyncs = self._metrics.kv_resyncs
+        sync = ActorKVSync(
+            handle.name,
+            self.prefix,
+            handle.proxy.kv_cache_dump,
+            on_resync=lambda actor, reason: resyncs.labels(actor, reason).inc(),
+        )
+        self._syncs[handle.name] = sync
+        handle.listener = sync
+        sync.start()
+
+    def remove_actor(self, name: str) -> None:
+        """Drops the actor's blocks from both indices."""
+        sync = self._syncs.pop(name, None)
+        if sync is not None:
+            sync.close()
+        self._approx_actors.discard(name)
+        self.prefix.remove_actor(name)
+        self.approx.remove_actor(name)
+
+    def sync(self, name: str) -> ActorKVSync | None:
+        """The event follower of an actor (None for approximate or unknown actors)."""
+        return self._syncs.get(name)
+
+    async def wait_synced(self) -> None:
+        """Returns once no actor's dump is on its way."""
+        await asyncio.gather(*(sync.wait() for sync in list(self._syncs.values())))
+
+    # ---- routing --------------------------------------------------------------------
+
+    def find_matches(self, local_hashes: Sequence[int]) -> dict[str, int]:
+        """Per actor, how many leading blocks of the prompt it holds (``MatchIndex``)."""
+        matches = self.prefix.find_matches(local_hashes)
+        if self._approx_actors:
+            matches.update(self.approx.find_matches(local_hashes))
+        return matches
+
+    def find_tiered_matches(self, local_hashes: Sequence[int]) -> dict[str, TierOverlap]:
+        """``find_matches`` by tier (``TieredMatchIndex``); approximate actors count as device."""
+        matches = self.prefix.find_tiered_matches(local_hashes)
+        if self._approx_actors:
+            approx = self.approx.find_matches(local_hashes)
+            matches.update({actor: TierOverlap(blocks) for actor, blocks in approx.items()})
+        return matches
+
+    def local_hashes(self, prompt_ids: Sequence[int]) -> list[int]:
+        """The local hash of every full block of the prompt, in the model's block size."""
+        size = self.block_size or DEFAULT_BLOCK_SIZE
+        return [
+            local_block_hash(prompt_ids[start : start + size], self.prefix.seed)
+            for start in range(0, len(prompt_ids) - size + 1, size)
+        ]
+
+    def choose(
+        self,
+        request_id: str,
+        prompt_ids: Sequence[int],
+        actors: Sequence[ActorHandle],
+        mode: str | None = None,
+    ) -> Route:
+        """Picks the actor for a prompt; raises ``NoReadyActorError``/``OverloadedError``."""
+        ready = [actor for actor in actors if not actor.broken]
+        if not ready:
+            raise NoReadyActorError(f"no engine for model '{self.model}' is ready")
+        candidates = [self._candidate(actor) for actor in ready]
+        eligible = [c for c in candidates if not self._thresholds.is_overloaded(c)]
+        if not eligible:
+            raise OverloadedError(self._overload_message(candidates))
+        hashes = self.local_hashes(prompt_ids)
+        decision = self._router(mode or self.options.mode).choose(request_id, hashes, eligible)
+        if decision.winner in self._approx_actors:
+            self.approx.note_routed(decision.winner, hashes)
+        winner = next(actor for actor in ready if actor.name == decision.winner)
+        overlap = decision.winner_score.overlap_blocks
+        self._observe(decision, overlap)
+        return Route(winner, decision, overlap * (self.block_size or DEFAULT_BLOCK_SIZE))
+
+    def _observe(self, decision: RoutingDecision, overlap: int) -> None:
+        metrics = self._metrics
+        self._decision_seconds.observe(decision.compute_us / 1e6)
+        metrics.routing_overlap_blocks.labels(decision.winner).observe(overlap)
+        metrics.routing_decisions.labels(self.model, decision.mode).inc()
+
+    def _candidate(self, actor: ActorHandle) -> Candidate:
+        load, name = actor.load, actor.name
+        cached = self.approx.num_blocks(name) if name in self._approx_actors else None
+        return Candidate(
+            actor=name,
+            active_prefill_blocks=load.prefill_blocks,
+            active_decode_blocks=load.decode_blocks,
+            cached_blocks=self.prefix.num_blocks(name) if cached is None else cached,
+            queue_length=load.waiting,
+        )
+
+    def _router(self, mode: str) -> KVRouter:
+        router = self._routers.get(mode)
+        if router is None:
+            config = self.options.router_config(mode)
+            router = KVRouter(config, index=self, log=self.decisions)
+            self._routers[mode] = router
+        return router
+
+    def _overload_message(self, candidates: Sequence[Candidate]) -> str:
+        limits = self._thresholds
+        loads = ", ".join(
+            f"{c.actor}: {c.active_blocks} active blocks, {c.queue_length} queued"
+            for c in candidates
+        )
+        return (
+            f"every engine of model '{self.model}' is at its limit "
+            f"(max_active_blocks={limits.max_active_blocks}, max_queue={limits.max_queue}; "
+            f"{loads}); retry shortly"
+        )

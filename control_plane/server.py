@@ -1,0 +1,200 @@
+"""Running the control plane over HTTP: the app, its cluster runtime, and uvicorn.
+
+The server accepts connections at once (``/health`` answers 503 while engines load);
+the cluster and the engine actors start in the background. If they fail to start (a bad
+model path, say), the error is printed and the server exits with status 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.routing import BaseRoute
+
+from dynask.control_plane.api.app import build_app
+from dynask.control_plane.api.engines_routes import make_engines_routes
+from dynask.control_plane.api.key_guard import ApiKeyGuard, RequireApiKey
+from dynask.control_plane.cluster.plan import DeploymentPlan
+from dynask.control_plane.cluster.reconciler import ClusterRuntime
+from dynask.control_plane.cluster.state_sync import ActorRecorder, store_deployments, stored_plans
+from dynask.control_plane.disagg.orchestrator import DisaggOptions
+from dynask.control_plane.planner.decision import PlannerConfig
+from dynask.control_plane.planner.loop import PlannerLoop
+from dynask.control_plane.reliability.options import ReliabilityOptions
+from dynask.control_plane.routing.model_routing import RoutingOptions
+from dynask.control_plane.serving.metrics import ServingMetrics
+from dynask.control_plane.serving.service import ServingService
+from dynask.control_plane.state.api_keys import ApiKeys
+from dynask.control_plane.state.database import default_database_url, make_engine, upgrade
+from dynask.control_plane.state.repository import Repository
+
+log = logging.getLogger(__name__)
+
+STATS_INTERVAL_S = 1.0
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    routing: RoutingOptions = field(default_factory=RoutingOptions)
+    scheduler_address: str | None = None  # None: an embedded LocalCluster
+    n_workers: int = 1
+    database_url: str | None = None  # None: $DYNASK_DATABASE_URL or the SQLite default
+    who: str = "cli"  # recorded in the event log
+    require_api_key: bool = False  # /v1 needs ``Authorization: Bearer KEY``
+    disagg: DisaggOptions = field(default_factory=DisaggOptions)  # prefill/decode roles
+    reliability: ReliabilityOptions = field(default_factory=ReliabilityOptions)
+    planner: PlannerConfig | None = None  # None: no autoscaling
+
+
+Extension = Callable[["ControlPlane"], list[BaseRoute]]
+"""Adds routes to the app, given the wired control plane (the admin UI is one). The CLI
+passes them in: ``control_plane`` never imports ``web``."""
+
+
+class ControlPlane:
+    """Service + runtime + app, wired together."""
+
+    def __init__(
+        self,
+        deployments: list[DeploymentPlan],
+        options: ServerOptions,
+        extensions: Sequence[Extension] = (),
+    ) -> None:
+        self.options = options
+        self.service = ServingService(
+            ServingMetrics(), options.routing, options.disagg, options.reliability
+        )
+        self.repo = Repository(make_engine(options.database_url or default_database_url()))
+        self.recorder = ActorRecorder(self.repo)
+        self.deployments = self._desired_state(deployments)
+        self.api_keys = ApiKeys(self.repo.engine)
+        self.key_guard = ApiKeyGuard(self.api_keys)
+        self.runtime = ClusterRuntime(
+            self.service,
+            self.deployments,
+            options.scheduler_address,
+            options.n_workers,
+            on_actor_event=self.recorder,
+        )
+        self.startup_error: BaseException | None = None
+        self.planner = (
+            PlannerLoop(options.planner, self.runtime, self.repo) if options.planner else None
+        )
+        self.server: uvicorn.Server | None = None
+        extra = [route for extend in extensions for route in extend(self)]
+        guard = [Middleware(RequireApiKey, guard=self.key_guard)] if options.require_api_key else []
+        self.app = build_app(
+            self.service,
+            self._lifespan,
+            [*make_engines_routes(self.service, self.runtime.refresh_stats), *extra],
+            middleware=guard,
+        )
+
+    def _desired_state(self, deployments: list[DeploymentPlan]) -> list[DeploymentPlan]:
+        """Migrates the database, stores ``deployments``, or restores them when empty."""
+        upgrade(self.repo.engine)
+        if deployments:
+            store_deployments(self.repo, deployments, self.options.who)
+            return deployments
+        restored = stored_plans(self.repo)
+        if not restored:
+            raise ValueError(
+                "no deployments: pass -f deploy.yaml (see deploy/deploy.yaml); the database "
+                "holds none to restore"
+            )
+        log.info("restored %d deployments from the database", len(restored))
+        return restored
+
+    @asynccontextmanager
+    async def _lifespan(self, _: Starlette) -> AsyncIterator[None]:
+        starting = asyncio.create_task(self.runtime.start(), name="runtime-start")
+        starting.add_done_callback(self._started)
+        stats = asyncio.create_task(self._refresh_stats_forever(), name="stats")
+        try:
+            yield
+        finally:
+            stats.cancel()
+            starting.cancel()
+            if self.planner is not None:
+                self.planner.stop()
+            await self.runtime.stop()
+            await asyncio.to_thread(self.recorder.close)
+
+    def _started(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        if task.exception() is None:
+            if self.planner is not None:
+                self.planner.start()
+            self._announce_ready()
+            return
+        self.startup_error = task.exception()
+        print(f"dynask: error: the engines did not start: {self.startup_error}", file=sys.stderr)
+        if self.server is not None:
+            self.server.should_exit = True
+
+    def _announce_ready(self) -> None:
+        base = f"http://{self.options.host}:{self.options.port}"
+        auth = '-H "authorization: Bearer $DYNASK_API_KEY" ' if self.options.require_api_key else ""
+        for name, model in self.service.models.items():
+            print(
+                f"dynask: model '{name}' ready on {len(model.actors)} engine(s); try:\n"
+                f"  curl {base}/v1/chat/completions {auth}-H 'content-type: application/json' "
+                f'-d \'{{"model": "{name}", "messages": [{{"role": "user", '
+                f'"content": "Hello!"}}]}}\'',
+                file=sys.stderr,
+            )
+
+    def announce_keys(self) -> None:
+        """Says whether /v1 needs a key, and how to make the first one."""
+        if not self.options.require_api_key:
+            return
+        if self.api_keys.active_hashes():
+            print("dynask: /v1 requires an API key (Authorization: Bearer KEY)", file=sys.stderr)
+            return
+        url = self.options.database_url or default_database_url()
+        print(
+            "dynask: /v1 requires an API key and none exists yet; create one with\n"
+            f"  dynask keys create NAME --database-url '{url}'\n"
+            "  (or on the admin UI's API keys page; start with --no-require-api-key to serve "
+            "without keys)",
+            file=sys.stderr,
+        )
+
+    async def _refresh_stats_forever(self) -> None:
+        while True:
+            await asyncio.sleep(STATS_INTERVAL_S)
+            try:
+                await self.runtime.refresh_stats()
+            except Exception as exc:  # an actor may be gone; the reconciler handles that
+                log.debug("stats refresh failed: %s", exc)
+
+    def serve(self) -> int:
+        config = uvicorn.Config(
+            self.app,
+            host=self.options.host,
+            port=self.options.port,
+            log_level="warning",
+            lifespan="on",
+            timeout_graceful_shutdown=5,
+            timeout_keep_alive=75,  # fewer requests lost to a race with keep-alive closes
+        )
+        self.server = uvicorn.Server(config)
+        self.announce_keys()
+        print(
+            f"dynask: serving on http://{self.options.host}:{self.options.port} "
+            "(OpenAI API under /v1; engines are loading)",
+            file=sys.stderr,
+        )
+        self.server.run()
+        return 1 if self.startup_error is not None else 0

@@ -1,0 +1,223 @@
+"""The control plane's side of one engine actor: its Dask proxy and its token stream.
+
+One TCP connection per actor carries the deltas of all its requests; a reader task
+dispatches each delta to the queue of the request it belongs to. A request's deltas are
+consumed by ``generate``; a client that goes away aborts its request on the actor. The
+same connection carries the actor's KV events, handed to the ``listener`` (the model's
+``kv_sync.ActorKVSync``), which also hears when the stream breaks. ``load`` counts the
+blocks of the requests in flight, for the router.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from dynask.actors.api.outputs import RequestOutput
+from dynask.actors.runtime.token_stream import (
+    KIND_KV_EVENTS,
+    KIND_OUTPUTS,
+    decode_output,
+    pack_request,
+    read_frame,
+)
+from dynask.control_plane.serving.actor_load import DEFAULT_BLOCK_SIZE, ActorLoad
+from dynask.control_plane.serving.submit_batcher import SubmitBatcher
+
+log = logging.getLogger(__name__)
+
+SUBMIT_WAIT_S = 30.0  # how long a cancelled request waits to learn whether it was submitted
+CALL_TIMEOUT_S = 10.0  # stats and abort calls: a hung worker must not hang their callers
+
+
+class ActorUnavailableError(RuntimeError):
+    """The actor's stream broke or the actor cannot be reached."""
+
+
+class StreamListener(Protocol):
+    """Who follows an actor's KV events (``kv_sync.ActorKVSync``)."""
+
+    def on_kv_events(self, payload: Any) -> None: ...
+
+    def on_stream_closed(self) -> None: ...
+
+
+@dataclass
+class ActorHandle:
+    """An engine actor as the router sees it: identity, limits and live load."""
+
+    name: str
+    deployment: str
+    proxy: Any  # distributed.Actor
+    info: dict[str, Any]
+    stats: dict[str, Any] = field(default_factory=dict)
+    listener: StreamListener | None = None
+    role: str = "aggregated"  # or "prefill" / "decode" (disagg_orchestrator)
+    load: ActorLoad = field(init=False)
+    _queues: dict[str, asyncio.Queue[RequestOutput | None]] = field(default_factory=dict)
+    _reader_task: asyncio.Task[None] | None = None
+    _writer: asyncio.StreamWriter | None = None
+    _batcher: SubmitBatcher = field(init=False)
+    broken: bool = False
+    lost_reason: str | None = None  # how the loss was noticed; "stream_closed" for EOF
+
+    def __post_init__(self) -> None:
+        self.load = ActorLoad(int(self.info.get("kv_block_size") or DEFAULT_BLOCK_SIZE))
+        self._batcher = SubmitBatcher(self.proxy, self.name)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests this control plane has on the actor."""
+        return len(self.load)
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self.info["max_model_len"])
+
+    @property
+    def worker(self) -> str:
+        return str(self.info["worker"])
+
+    async def connect(self) -> None:
+        host, port = str(self.info["stream_address"]).rsplit(":", 1)
+        reader, self._writer = await asyncio.open_connection(host, int(port))
+        self._reader_task = asyncio.create_task(self._read(reader), name=f"stream-{self.name}")
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                kind, payload = await read_frame(reader)
+                if kind == KIND_OUTPUTS:
+                    for item in payload:
+                        self._dispatch(decode_output(item))
+                elif kind == KIND_KV_EVENTS and self.listener is not None:
+                    self.listener.on_kv_events(payload)
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            log.warning("token stream of %s closed: %s", self.name, exc)
+        finally:
+            self._mark_broken()
+
+    def _dispatch(self, output: RequestOutput) -> None:
+        queue = self._queues.get(output.request_id)
+        if queue is not None:
+            queue.put_nowait(output)
+
+    def declare_lost(self, kind: str, detail: str) -> None:
+        """Treats the actor as gone although its stream is open (a hung worker, or one the
+        scheduler removed): every request on it is woken to move elsewhere. ``kind`` is
+        how it was noticed (``lost_reason``), ``detail`` goes to the log."""
+        if self.broken:
+            return
+        log.warning("engine actor %s is lost (%s): %s", self.name, kind, detail)
+        self.lost_reason = kind
+        self._mark_broken()
+        self._batcher.close()
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+        if self._writer is not None:
+            self._writer.close()
+
+    def _mark_broken(self) -> None:
+        if self.broken:
+            return
+        self.broken = True
+        self.lost_reason = self.lost_reason or "stream_closed"
+        for queue in self._queues.values():
+            queue.put_nowait(None)  # wakes every waiter: its actor is gone
+        if self.listener is not None:
+            self.listener.on_stream_closed()
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt: list[int],
+        params: dict[str, Any],
+        submit: Callable[[bytes], Awaitable[None]] | None = None,
+    ) -> AsyncIterator[list[RequestOutput]]:
+        """Submits a request and yields its deltas, in order, until the final one.
+
+        Each item is every delta that had arrived by then: under load several engine steps
+        arrive between two turns of the event loop, and a caller that writes them in one
+        go (one SSE write, not one per token) spends much less CPU per request.
+
+        The request counts in ``load`` until it ends: from ``reserve`` (the router's
+        choice) if it was reserved, else from here. ``submit`` replaces the batched
+        submission (``DisaggOrchestrator.submitter`` hands a disaggregated request over).
+        """
+        if self.broken:
+            self.load.release(request_id)
+            raise ActorUnavailableError(f"engine actor {self.name} is unavailable")
+        queue: asyncio.Queue[RequestOutput | None] = asyncio.Queue()
+        self._queues[request_id] = queue
+        if request_id not in self.load:
+            self.load.admit(request_id, len(prompt))
+        finished = False
+        submitted: asyncio.Future[None] | None = None
+        try:
+            packed = pack_request(request_id, prompt, params)
+            if submit is None:
+                submitted = self._batcher.submit(packed)
+            else:
+                submitted = asyncio.ensure_future(submit(packed))
+            await self._submitted(submitted)
+            while not finished:
+                batch = [await queue.get()]
+                while not queue.empty() and batch[-1] is not None and not batch[-1].finished:
+                    batch.append(queue.get_nowait())
+                if batch[-1] is None:
+                    raise ActorUnavailableError(f"engine actor {self.name} went away")
+                outputs = [o for o in batch if o is not None]
+                finished = outputs[-1].finished
+                self.load.advance(request_id, sum(len(o.token_ids) for o in outputs))
+                yield outputs
+        finally:
+            self.load.release(request_id)
+            del self._queues[request_id]
+            if not finished and not self.broken and submitted is not None:
+                await self._abort_if_submitted(request_id, submitted)
+
+    async def _submitted(self, submitted: asyncio.Future[None]) -> None:
+        """Waits until the actor has the request (shielded: a cancelled caller still
+        learns whether it went out). The actor's ``ValueError`` (bad input) passes
+        through; any other failure means the actor could not be reached."""
+        try:
+            await asyncio.shield(submitted)
+        except ValueError:
+            raise
+        except Exception as exc:
+            raise ActorUnavailableError(
+                f"engine actor {self.name} did not take the request: {exc}"
+            ) from exc
+
+    def reserve(self, request_id: str, prompt_tokens: int, cached_tokens: int) -> None:
+        """Counts a routed request in ``load`` before ``generate`` starts it, so requests
+        routed meanwhile see it; ``load.release`` undoes it if it never starts."""
+        self.load.admit(request_id, prompt_tokens, cached_tokens)
+
+    async def _abort_if_submitted(self, request_id: str, submitted: asyncio.Future[None]) -> None:
+        """Aborts a request the caller gave up on, once it is surely on the actor (an abort
+        that overtook its own submission would find nothing to stop)."""
+        if not submitted.done():
+            await asyncio.wait([submitted], timeout=SUBMIT_WAIT_S)
+        if submitted.done() and not submitted.cancelled() and submitted.exception() is None:
+            await self._abort_quietly(request_id)
+
+    async def _abort_quietly(self, request_id: str) -> None:
+        try:
+            await asyncio.wait_for(asyncio.shield(self.proxy.abort(request_id)), CALL_TIMEOUT_S)
+        except Exception as exc:  # the request is gone either way; say why in the log
+            log.warning("abort of %s on %s failed: %s", request_id, self.name, exc)
+
+    async def refresh_stats(self) -> dict[str, Any]:
+        self.stats = dict(await asyncio.wait_for(self.proxy.stats(), CALL_TIMEOUT_S))
+        return self.stats
+
+    async def close(self) -> None:
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+        if self._writer is not None:
+            self._writer.close()
+        self._batcher.close()

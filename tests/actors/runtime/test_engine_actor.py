@@ -1,0 +1,211 @@
+"""``EngineActor`` in a real (in-process) Dask cluster: actor calls for control, the TCP
+token stream for deltas, errors that keep their type across the actor boundary."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from distributed import Client, LocalCluster
+
+from dynask.actors.api.outputs import FinishReason, RequestOutput, Usage
+from dynask.actors.runtime.engine_actor import EngineActor
+from dynask.actors.runtime.engine_factory import EngineSpec
+from dynask.actors.runtime.token_stream import (
+    decode_output,
+    encode_output,
+    pack_request,
+    unpack_kv_dump,
+    unpack_request,
+)
+from dynask.control_plane.serving.actor_handle import ActorHandle
+
+
+def _with_actor(spec: EngineSpec, body: Callable[[ActorHandle], Awaitable[None]]) -> None:
+    async def main() -> None:
+        async with (
+            LocalCluster(
+                n_workers=1, processes=False, asynchronous=True, dashboard_address=None
+            ) as cluster,
+            Client(cluster, asynchronous=True, direct_to_workers=True) as client,
+        ):
+            proxy = await client.submit(EngineActor, spec, "actor-0", actor=True)
+            info = await proxy.start()
+            handle = ActorHandle(name="actor-0", deployment="d", proxy=proxy, info=info)
+            await handle.connect()
+            try:
+                await body(handle)
+            finally:
+                await handle.close()
+                await proxy.stop()
+
+    asyncio.run(main())
+
+
+def _tokenizer(folder: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def test_echo_actor_streams_the_prompt_back(smollm2_folder: Path) -> None:
+    prompt = _tokenizer(smollm2_folder).encode("The quick brown fox jumps")
+
+    async def body(handle: ActorHandle) -> None:
+        assert handle.info["stream_address"].startswith("127.0.0.1:")
+        assert "tokenizer.json" in handle.info["tokenizer_files"]
+        batches = [b async for b in handle.generate("r1", prompt, {"max_tokens": 50})]
+        outputs = [o for batch in batches for o in batch]
+        assert [t for o in outputs for t in o.token_ids] == prompt
+        assert "".join(o.text for o in outputs) == "The quick brown fox jumps"
+        assert outputs[-1].usage is not None and outputs[-1].usage.completion_tokens == len(prompt)
+
+    _with_actor(EngineSpec(kind="echo", model=str(smollm2_folder)), body)
+
+
+def test_bad_sampling_params_keep_their_type_across_the_actor_call(smollm2_folder: Path) -> None:
+    async def body(handle: ActorHandle) -> None:
+        with pytest.raises(ValueError, match="SamplingParams 'top_p' has value 5"):
+            await handle.proxy.submit(pack_request("r1", [1, 2, 3], {"top_p": 5}))
+        stats = await handle.proxy.stats()
+        assert (stats["num_running"], stats["num_waiting"]) == (0, 0)
+
+    _with_actor(EngineSpec(kind="echo", model=str(smollm2_folder)), body)
+
+
+def test_leaving_a_stream_early_aborts_and_frees_blocks(smollm2_folder: Path) -> None:
+    spec = EngineSpec(
+        kind="mocker",
+        model=str(smollm2_folder),
+        engine_args={"speedup_ratio": 50.0, "num_kv_blocks": 64},
+    )
+
+    async def body(handle: ActorHandle) -> None:
+        stream = handle.generate(
+            "r1", list(range(100, 140)), {"max_tokens": 500, "ignore_eos": True}
+        )
+        received = 0
+        async for _ in stream:
+            received += 1
+            if received == 3:
+                break
+        await stream.aclose()  # what a client disconnect does to the SSE generator
+        for _ in range(100):
+            stats = await handle.proxy.stats()
+            if stats["num_running"] == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert (stats["num_running"], stats["kv_usage"], stats["num_free_kv_blocks"]) == (
+            0,
+            0.0,
+            64,
+        )
+        dump = unpack_kv_dump(await handle.proxy.kv_cache_dump())
+        assert len(dump.stored) == 40 // 16  # the prompt's full blocks stay cached
+        assert dump.last_event_id == len(dump.stored)
+
+    _with_actor(spec, body)
+
+
+def test_outputs_survive_the_wire_format() -> None:
+    output = RequestOutput("r-1", "héllo", (5, 6), FinishReason.STOP, "</s>", Usage(3, 2, 1))
+    assert decode_output(encode_output(output)) == output
+    partial = RequestOutput("r-2", "", (7,))
+    assert decode_output(encode_output(partial)) == partial
+
+
+def test_requests_survive_the_wire_format() -> None:
+    params = {"max_tokens": 5, "stop": ["</s>"], "temperature": 0.5}
+    assert unpack_request(pack_request("r-9", [0, 7, 49151], params)) == (
+        "r-9",
+        [0, 7, 49151],
+        params,
+    )
+
+
+class _CountingProxy:
+    """The real actor proxy, counting ``submit_batch`` calls and their sizes."""
+
+    def __init__(self, proxy: Any) -> None:
+        self._proxy = proxy
+        self.batch_sizes: list[int] = []
+
+    async def submit_batch(self, payload: bytes) -> list[str | None]:
+        from dynask.actors.runtime.token_stream import unpack_requests
+
+        self.batch_sizes.append(len(unpack_requests(payload)))
+        errors: list[str | None] = await self._proxy.submit_batch(payload)
+        return errors
+
+
+def test_concurrent_submissions_share_actor_calls_and_a_bad_one_fails_alone(
+    smollm2_folder: Path,
+) -> None:
+    from dynask.control_plane.serving.submit_batcher import SubmitBatcher
+
+    async def body(handle: ActorHandle) -> None:
+        counting = _CountingProxy(handle.proxy)
+        batcher = SubmitBatcher(counting, "actor-0")
+        good = [batcher.submit(pack_request("r0", [1, 2, 3], {"max_tokens": 1}))]
+        await asyncio.sleep(0)  # the first call is now in flight
+        good += [
+            batcher.submit(pack_request(f"r{i}", [1, 2, 3], {"max_tokens": 1})) for i in range(1, 9)
+        ]
+        bad = batcher.submit(pack_request("bad", [1, 2, 3], {"top_p": 5}))
+        results = await asyncio.gather(*good, bad, return_exceptions=True)
+        assert results[:9] == [None] * 9
+        assert isinstance(results[9], ValueError) and "top_p" in str(results[9])
+        # The first call carries one request; the rest queued meanwhile and go together.
+        assert counting.batch_sizes == [1, 9]
+
+    _with_actor(EngineSpec(kind="echo", model=str(smollm2_folder)), body)
+
+
+def test_kv_events_reach_the_reader_before_the_deltas_of_their_step() -> None:
+    from dynask.actors.runtime.token_stream import TokenStreamServer, read_frame
+    from dynask.kv.events import AllBlocksCleared, KVEventLog
+
+    async def main() -> None:
+        server = TokenStreamServer(asyncio.get_running_loop())
+        kv_log = KVEventLog()
+        server.watch_kv_events(kv_log)
+        host, port = (await server.start("127.0.0.1")).rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        while server.num_readers == 0:
+            await asyncio.sleep(0.001)
+
+        def engine_step() -> None:  # on another thread, as the engine's loop runs
+            kv_log.record(AllBlocksCleared())
+            kv_log.record(AllBlocksCleared())
+            server.publish([RequestOutput("r1", "hi", (7,))])
+
+        await asyncio.to_thread(engine_step)
+        # The loop may flush the first event before the second is recorded (two "kv"
+        # frames); either way every event of the step comes before the step's outputs.
+        frames = [await read_frame(reader)]
+        while frames[-1][0] != "out":
+            frames.append(await read_frame(reader))
+        assert {kind for kind, _ in frames[:-1]} == {"kv"}
+        assert [record["event_id"] for _, records in frames[:-1] for record in records] == [1, 2]
+        writer.close()
+        await writer.wait_closed()
+        while server.num_readers:  # the server saw us leave
+            await asyncio.sleep(0.001)
+        await server.close()
+
+    asyncio.run(main())
+
+
+def test_a_kv_cache_dump_survives_the_wire_and_garbage_is_refused() -> None:
+    from dynask.actors.runtime.token_stream import pack_kv_dump
+    from dynask.kv.events import BlockStored
+    from dynask.kv.hashing import SequenceHash
+    from dynask.kv.prefix_index import KVCacheDump
+
+    dump = KVCacheDump(3, (BlockStored((SequenceHash(2**64 - 1),), None, (1, 2), 2),))
+    assert unpack_kv_dump(pack_kv_dump(dump)) == dump
+    with pytest.raises(ValueError, match="a KV cache dump must be a msgpack map, got list"):
+        unpack_kv_dump(b"\x91\x01")

@@ -1,0 +1,214 @@
+"""``out=vllm`` as a user meets it: two vLLM engines (vLLM's CPU build, float32) in actors
+on a real in-process Dask cluster, KV-aware routing over their KV events, the official
+``openai`` client over HTTP.
+
+The engines take about half a minute each to start, so one stack serves the module: its
+event loop runs in a thread of its own, and each test hands it coroutines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import time
+from collections.abc import Awaitable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from dynask.actors.api.sampling_params import SamplingParams
+from tests.actors.engine.helpers import hf_greedy, hf_model, make_engine
+from tests.control_plane.routing_stack import (
+    MODEL,
+    Stack,
+    cluster_with_actors,
+    overlaps,
+    serving_stack,
+    tokens,
+)
+
+pytestmark = pytest.mark.slow
+
+VLLM_ARGS = {"block_size": 32, "kv_cache_gib": 0.25, "max_model_len": 2048, "max_num_seqs": 8}
+PROMPT_TEXT = "The capital of France is Paris. The capital of Germany is"
+T = TypeVar("T")
+
+
+class LoopThread:
+    """An event loop in a daemon thread; ``run`` waits for a coroutine on it."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Awaitable[T], timeout: float = 120) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        self.loop.close()
+
+
+@pytest.fixture(scope="module")
+def loop() -> Iterator[LoopThread]:
+    thread = LoopThread()
+    yield thread
+    thread.close()
+
+
+@pytest.fixture(scope="module")
+def stack(loop: LoopThread, smollm2_folder: Path) -> Iterator[Stack]:
+    """The stack lives in ONE task from start to close (Dask's client keeps context vars)."""
+    ready: concurrent.futures.Future[Stack] = concurrent.futures.Future()
+    done = asyncio.Event()
+
+    async def hold() -> None:
+        async with cluster_with_actors(smollm2_folder, 2, "vllm", VLLM_ARGS) as proxies:
+            await asyncio.gather(*(proxy.start() for proxy in proxies))  # both at once
+            async with serving_stack(proxies) as opened:
+                ready.set_result(opened)
+                await done.wait()
+
+    held = asyncio.run_coroutine_threadsafe(hold(), loop.loop)
+    held.add_done_callback(lambda f: f.exception() and ready.set_exception(f.exception()))  # type: ignore[arg-type]
+    try:
+        yield ready.result(timeout=600)
+    finally:
+        loop.loop.call_soon_threadsafe(done.set)
+        held.result(timeout=120)
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(smollm2_folder: Path) -> list[int]:
+    from transformers import AutoTokenizer
+
+    ids: list[int] = AutoTokenizer.from_pretrained(smollm2_folder).encode(PROMPT_TEXT)
+    return ids
+
+
+def test_greedy_text_equals_the_builtin_engine_and_hf(
+    stack: Stack, loop: LoopThread, smollm2_folder: Path, prompt_ids: list[int]
+) -> None:
+    reply = loop.run(stack.complete(prompt_ids, max_tokens=16, temperature=0))
+
+    reference = hf_greedy(hf_model(smollm2_folder), prompt_ids, 16)
+    builtin = make_engine(smollm2_folder)
+    builtin.start()
+    try:
+        ours = builtin.add_request(prompt_ids, SamplingParams(16, 0.0, ignore_eos=True))
+        ours.wait(timeout=120)
+    finally:
+        builtin.shutdown()
+    assert ours.token_ids == reference
+    assert reply.choices[0].text == ours.text
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage.prompt_tokens == len(prompt_ids)
+    assert reply.usage.completion_tokens == 16
+
+
+def test_streaming_gives_the_same_text_in_pieces(
+    stack: Stack, loop: LoopThread, prompt_ids: list[int]
+) -> None:
+    async def both() -> tuple[str, list[str], str | None]:
+        whole = await stack.complete(prompt_ids, max_tokens=12, temperature=0)
+        stream = await stack.openai.completions.create(
+            model=MODEL, prompt=prompt_ids, max_tokens=12, temperature=0, stream=True,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        pieces, finish = [], None
+        async for chunk in stream:
+            pieces.append(chunk.choices[0].text)
+            finish = chunk.choices[0].finish_reason or finish
+        return whole.choices[0].text, pieces, finish
+
+    whole, pieces, finish = loop.run(both())
+
+    assert "".join(pieces) == whole
+    assert len([p for p in pieces if p]) > 1
+    assert finish == "length"
+
+
+def test_chat_completion_answers_with_the_chat_template(stack: Stack, loop: LoopThread) -> None:
+    reply = loop.run(
+        stack.openai.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            max_tokens=24,
+            temperature=0,
+        )
+    )
+
+    assert "Paris" in (reply.choices[0].message.content or "")
+    assert reply.choices[0].finish_reason == "stop"  # EOS, as vLLM saw it
+
+
+def test_a_disconnect_aborts_the_request_inside_vllm(stack: Stack, loop: LoopThread) -> None:
+    async def read_then_leave() -> list[dict[str, Any]]:
+        stream = await stack.openai.completions.create(
+            model=MODEL, prompt=tokens(seed=9, blocks=2), max_tokens=1500, stream=True,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        received = 0
+        async for _chunk in stream:
+            received += 1
+            if received == 3:
+                break
+        during = [await proxy.stats() for proxy in stack.proxies]
+        await stream.close()
+        return during
+
+    during = loop.run(read_then_leave())
+    assert sorted(s["num_running"] + s["num_waiting"] for s in during) == [0, 1]
+
+    after = loop.run(_until_idle(stack.proxies))
+    assert [s["num_running"] + s["num_waiting"] for s in after] == [0, 0]
+    assert [s["kv_usage"] for s in after] == [0.0, 0.0]
+    assert max(s["generated_tokens"] for s in after) < 1500
+
+
+async def _until_idle(proxies: list[Any], timeout: float = 60) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    while True:
+        stats = [await proxy.stats() for proxy in proxies]
+        if all(s["num_running"] + s["num_waiting"] == 0 for s in stats):
+            return stats
+        assert time.monotonic() < deadline, f"vLLM still holds the request: {stats}"
+        await asyncio.sleep(0.1)
+
+
+def test_a_shared_prefix_goes_to_the_engine_that_holds_it(stack: Stack, loop: LoopThread) -> None:
+    prefix = tokens(seed=1, blocks=8)  # 128 tokens: 4 vLLM blocks of 32
+    routing = stack.routing
+
+    async def body() -> tuple[dict[str, Any], dict[str, int], dict[str, Any]]:
+        await stack.complete(prefix + tokens(seed=2, blocks=0, extra=7))
+        [first] = await stack.decisions()
+        held = await _until_indexed(stack, prefix, first["winner"])
+        await stack.complete(prefix + tokens(seed=3, blocks=0, extra=9))
+        [second] = await stack.decisions()
+        return first, held, second
+
+    first, held, second = loop.run(body())
+
+    assert first["mode"] == "kv"
+    assert routing.block_size == 32
+    assert held == {first["winner"]: 4}
+    assert second["winner"] == first["winner"]
+    assert overlaps(second)[first["winner"]] == 4
+
+
+async def _until_indexed(
+    stack: Stack, prefix: list[int], actor: str, timeout: float = 60
+) -> dict[str, int]:
+    """The router's view of ``prefix`` once ``actor``'s KV events have put it there."""
+    routing = stack.routing
+    hashes = routing.local_hashes(prefix)
+    deadline = time.monotonic() + timeout
+    while routing.find_matches(hashes).get(actor, 0) < len(hashes):
+        assert time.monotonic() < deadline, f"no KV events of {actor} reached the router"
+        await asyncio.sleep(0.05)
+    return {name: n for name, n in routing.find_matches(hashes).items() if n}

@@ -1,0 +1,111 @@
+"""Load shedding: the admission limits, alone and over HTTP (503, Retry-After, recovery)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import openai
+import pytest
+
+from dynask.control_plane.reliability.options import ReliabilityOptions
+from dynask.control_plane.serving.admission import Admission, AdmissionRefusedError
+from tests.control_plane.routing_stack import MODEL, cluster_with_actors, serving_stack, tokens
+
+
+def test_in_flight_limit_refuses_the_next_request_until_one_ends() -> None:
+    admission = Admission(max_in_flight=2, max_queued_prefill_tokens=None)
+    admission.admit("a", 10)
+    admission.admit("b", 10)
+
+    with pytest.raises(AdmissionRefusedError) as caught:
+        admission.admit("c", 10)
+
+    assert caught.value.limit == "in_flight"
+    assert str(caught.value) == (
+        "the server has 2 requests in flight, its limit (--max-in-flight 2); retry shortly"
+    )
+    admission.release("a")
+    admission.release("a")  # idempotent
+    admission.admit("c", 10)
+    assert admission.in_flight == 2 and "c" in admission and "a" not in admission
+
+
+def test_queued_prefill_tokens_leave_the_queue_at_the_first_token() -> None:
+    admission = Admission(max_in_flight=None, max_queued_prefill_tokens=100)
+    admission.admit("a", 60)
+    with pytest.raises(AdmissionRefusedError) as caught:
+        admission.admit("b", 50)
+    assert caught.value.limit == "prefill_tokens"
+    assert str(caught.value) == (
+        "the engines have 60 prompt tokens waiting for prefill and this request adds 50, "
+        "over the limit (--max-queued-prefill-tokens 100); retry shortly"
+    )
+
+    admission.prefill_done("a")
+    admission.admit("b", 50)
+
+    assert admission.queued_prefill_tokens == 50 and admission.in_flight == 2
+    admission.release("b")
+    admission.release("a")
+    assert admission.queued_prefill_tokens == 0 and admission.in_flight == 0
+
+
+def test_a_prompt_over_the_whole_prefill_limit_is_let_in_alone() -> None:
+    admission = Admission(max_in_flight=None, max_queued_prefill_tokens=100)
+    admission.admit("big", 500)  # nothing queued: it could never get in otherwise
+    with pytest.raises(AdmissionRefusedError):
+        admission.admit("small", 1)
+
+
+def test_a_request_is_admitted_once() -> None:
+    admission = Admission(max_in_flight=None, max_queued_prefill_tokens=None)
+    admission.admit("a", 1)
+    with pytest.raises(ValueError, match="request 'a' is already admitted"):
+        admission.admit("a", 1)
+
+
+def test_reliability_options_name_the_bad_field() -> None:
+    with pytest.raises(ValueError, match=r"heartbeat_timeout_s \(1\.0\) must be longer"):
+        ReliabilityOptions(heartbeat_interval_s=1.0, heartbeat_timeout_s=1.0)
+    with pytest.raises(ValueError, match="max_in_flight has value 0; expected an integer >= 1"):
+        ReliabilityOptions(max_in_flight=0)
+
+
+@pytest.mark.slow
+def test_load_beyond_the_limit_gets_503_and_the_server_recovers(tiny_llama_folder: Path) -> None:
+    slow_echo = {"delay_s": 0.02}
+    limits = ReliabilityOptions(max_in_flight=2)
+
+    async def main() -> None:
+        async with (
+            cluster_with_actors(tiny_llama_folder, 1, "echo", slow_echo) as proxies,
+            serving_stack(proxies, reliability=limits) as stack,
+        ):
+            streams = []
+            for seed in (1, 2):
+                stream = await stack.openai.completions.create(
+                    model=MODEL, prompt=tokens(seed=seed, blocks=4), max_tokens=64, stream=True
+                )
+                await stream.__aiter__().__anext__()
+                streams.append(stream)
+
+            with pytest.raises(openai.InternalServerError) as caught:
+                await stack.complete(tokens(seed=3, blocks=1))
+
+            assert caught.value.status_code == 503
+            assert caught.value.response.headers["retry-after"] == "1"
+            body = caught.value.body
+            assert isinstance(body, dict) and body["code"] == "overloaded"
+            for stream in streams:
+                await stream.close()
+            for _ in range(300):
+                if stack.service.admission.in_flight == 0:
+                    break
+                await asyncio.sleep(0.01)
+            reply = await stack.complete(tokens(seed=4, blocks=1))
+            assert reply.usage.completion_tokens == 4
+            metrics = (await stack.http.get("/metrics")).text
+            assert 'dynask_admission_refused_total{limit="in_flight"} 1.0' in metrics
+
+    asyncio.run(main())

@@ -8,7 +8,7 @@ import pytest
 
 from dynask.control_plane.cluster.deploy_file import read_deploy_file
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "deploy.yaml"
+EXAMPLE = Path(__file__).resolve().parents[3] / "deploy" / "deploy.yaml"
 
 
 def test_the_shipped_example_parses() -> None:

@@ -11,7 +11,7 @@ from dynask.control_plane.graphs.config import plan_graph
 from dynask.control_plane.graphs.runtime import load_graph_plan
 from dynask.control_plane.graphs.sdk import build_graph, depends, service, unlink_all
 
-GRAPHS = Path(__file__).resolve().parents[2] / "deploy" / "graphs"
+GRAPHS = Path(__file__).resolve().parents[3] / "deploy" / "graphs"
 
 
 @service(workers=3, resources={"gpu": 1})

@@ -23,7 +23,7 @@ from tests.control_plane.dask_processes import DaskProcesses
 
 pytestmark = pytest.mark.slow
 
-GRAPHS = Path(__file__).resolve().parents[2] / "deploy" / "graphs"
+GRAPHS = Path(__file__).resolve().parents[3] / "deploy" / "graphs"
 
 
 @pytest.fixture(scope="module")

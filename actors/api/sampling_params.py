@@ -16,6 +16,9 @@ class SamplingParamError(ValueError):
         super().__init__(message)
         self.field = field_name
 
+    def __reduce__(self) -> tuple[type[SamplingParamError], tuple[str, str]]:
+        return type(self), (self.field, str(self))  # crosses a Dask call intact
+
 
 @dataclass(frozen=True)
 class SamplingParams:

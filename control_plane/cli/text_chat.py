@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
+import threading
 from typing import Any, TextIO
 
 from dynask.control_plane.cli.local_pipeline import LocalPipeline
@@ -24,7 +26,7 @@ async def run_text_chat(
     while True:
         stdout.write(PROMPT)
         stdout.flush()
-        line = await asyncio.to_thread(stdin.readline)
+        line = await _read_line(stdin)
         if not line or line.strip() in EXIT_WORDS:
             stdout.write("\n")
             return 0
@@ -44,3 +46,24 @@ async def run_text_chat(
             continue
         stdout.write("\n")
         history.append({"role": "assistant", "content": "".join(reply)})
+
+
+async def _read_line(stdin: TextIO) -> str:
+    """The next line, read in a daemon thread: Ctrl-C while waiting for input must not
+    leave the process waiting for a thread stuck in ``readline`` (as the default
+    executor's would, at shutdown)."""
+    loop = asyncio.get_running_loop()
+    line: asyncio.Future[str] = loop.create_future()
+
+    def read() -> None:
+        text = stdin.readline()
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+            loop.call_soon_threadsafe(_settle, line, text)
+
+    threading.Thread(target=read, name="stdin", daemon=True).start()
+    return await line
+
+
+def _settle(future: asyncio.Future[str], text: str) -> None:
+    if not future.done():
+        future.set_result(text)

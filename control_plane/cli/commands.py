@@ -89,6 +89,7 @@ def _run_local(
     batch_file = args.input.removeprefix("batch:") if args.input.startswith("batch:") else None
     items = read_batch(batch_file) if batch_file is not None else []  # bad lines fail first
     options = _server_options(args, scheduler=None, n_workers=n_workers)
+    _quiet_cluster_logs(args.log_level)
 
     async def session() -> int:
         print(f"loading {model or 'the bundled SmolLM2-135M-Instruct'} ...", file=sys.stderr)
@@ -106,6 +107,20 @@ def _run_local(
             return await run_text_chat(pipeline)
 
     return asyncio.run(session())
+
+
+def _quiet_cluster_logs(log_level: str) -> None:
+    """The terminal is the chat (or the progress bar): the embedded cluster's own
+    messages (an event loop slow under load, say) show only when they are errors, unless
+    ``--log-level`` asks for more. Worker processes read the level from the environment
+    when they start."""
+    import logging
+    import os
+
+    asked = logging.getLevelName(log_level.upper())
+    level = asked if isinstance(asked, int) and asked < logging.WARNING else logging.ERROR
+    logging.getLogger("distributed").setLevel(level)
+    os.environ["DASK_LOGGING__DISTRIBUTED"] = logging.getLevelName(level).lower()
 
 
 def serve_command(args: argparse.Namespace, extensions: Sequence[Extension] = ()) -> int:

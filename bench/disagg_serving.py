@@ -28,12 +28,15 @@ from typing import Any
 
 from distributed import Client, LocalCluster
 
+from dynask.actors.api.actor_info import ActorInfo
+from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.runtime.engine_actor import EngineActor
 from dynask.actors.runtime.engine_factory import EngineSpec
-from dynask.control_plane.disagg.orchestrator import KV_TRANSFER_ADDRESS, DisaggOptions
+from dynask.control_plane.disagg.orchestrator import DisaggOptions
 from dynask.control_plane.serving.actor_handle import ActorHandle
 from dynask.control_plane.serving.metrics import ServingMetrics
-from dynask.control_plane.serving.service import PreparedRequest, ServingService
+from dynask.control_plane.serving.request import PreparedRequest
+from dynask.control_plane.serving.service import ServingService
 
 MODEL = "m"
 
@@ -147,10 +150,10 @@ async def _connect(
     service = ServingService(ServingMetrics(), disagg=disagg)
     handles = []
     for proxy, role in zip(proxies, roles, strict=True):
-        info = await proxy.start()
+        info = ActorInfo.from_dict(await proxy.start())
         if role != "aggregated":
-            info = {**info, KV_TRANSFER_ADDRESS: await proxy.open_kv_transfer(disagg.transport)}
-        handle = ActorHandle(info["name"], role, proxy, info, role=role)
+            info = info.with_kv_transfer(await proxy.open_kv_transfer(disagg.transport))
+        handle = ActorHandle(info.name, role, proxy, info, role=role)
         await handle.connect()
         service.add_actor(MODEL, handle)
         handles.append(handle)
@@ -166,13 +169,13 @@ async def _arrive(
 
 
 async def _one(service: ServingService, prompt: list[int], max_tokens: int) -> RequestRecord:
-    params = {"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     request_id = f"bench-{random.getrandbits(48):012x}"
     prepared = PreparedRequest(request_id, service.models[MODEL], prompt, params)
     start = time.monotonic()
-    routed = service.route(prepared)
+    admitted = service.admit(prepared)
     arrivals: list[float] = []
-    async for outputs in service.generate(routed):
+    async for outputs in service.generate(admitted):
         now = time.monotonic()
         arrivals += [now] * sum(len(o.token_ids) for o in outputs)
     ttft = arrivals[0] - start

@@ -141,10 +141,11 @@ def run(config: BenchConfig) -> dict[str, Any]:
     prompts = [draw_prompt(config, rng, chains) for _ in range(total)]
     hashes = [[p.local for p in block_hashes(t, config.block_size)] for t in prompts]
     candidate_sets = [draw_candidates(config, rng, index) for _ in range(16)]
-    router = KVRouter(RouterConfig(seed=SEED), index=index)
+    router = KVRouter(RouterConfig(seed=SEED))
 
-    def decide(number: int) -> object:
-        return router.choose(f"r{number}", hashes[number], candidate_sets[number % 16])
+    def decide(number: int) -> object:  # the lookup, then the choice: what a request costs
+        found = index.find_tiered_matches(hashes[number])
+        return router.choose(f"r{number}", hashes[number], candidate_sets[number % 16], found)
 
     time_each(decide, config.warmup)
     offset = config.warmup

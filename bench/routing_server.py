@@ -24,6 +24,7 @@ from typing import Any
 import uvicorn
 from distributed import Client, LocalCluster
 
+from dynask.actors.api.actor_info import ActorInfo
 from dynask.actors.runtime.engine_actor import EngineActor
 from dynask.actors.runtime.engine_factory import EngineSpec
 from dynask.control_plane.api.app import build_app
@@ -58,7 +59,7 @@ async def start_actor(client: Client, spec: EngineSpec, name: str, worker: str) 
         key=name,
         pure=False,
     )
-    info = await proxy.start()
+    info = ActorInfo.from_dict(await proxy.start())
     handle = ActorHandle(name=name, deployment=MODEL, proxy=proxy, info=info)
     await handle.connect()
     return handle

@@ -49,19 +49,8 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 # (module file, import prefix): allowed on purpose
 ALLOWED = {
     ("control_plane/cli/main.py", "dynask.web"),  # the composition root
-    # Still to go (issue 15, "one owner per request"): in=text / in=batch drive the built-in
-    # engine in-process instead of the serving pipeline; the pipeline raises HTTP errors and
-    # takes the HTTP layer's request type; the mocker's arguments are checked by its class.
-    ("control_plane/cli/batch_input.py", "dynask.actors.engine"),
-    ("control_plane/cli/commands.py", "dynask.actors.engine"),
-    ("control_plane/cli/text_chat.py", "dynask.actors.engine"),
-    ("control_plane/cluster/deployment_admin.py", "dynask.actors.backends"),
-    ("control_plane/serving/service.py", "dynask.control_plane.api"),
-    ("control_plane/reliability/migration.py", "dynask.control_plane.api"),
 }
-KNOWN_CYCLES = [  # still to go (issue 15): migration receives the service's methods
-    ["dynask.control_plane.reliability.migration", "dynask.control_plane.serving.service"],
-]
+KNOWN_CYCLES: list[list[str]] = []
 
 _LIST_IMPORTS = """
 import ast, json, sys

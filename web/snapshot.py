@@ -10,6 +10,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
+from dynask.actors.api.stats import EngineStats
 from dynask.control_plane.cluster.cluster_admin import ClusterAdmin, ClusterView
 from dynask.control_plane.serving.service import ServingService
 from dynask.control_plane.state.repository import Repository
@@ -78,7 +79,7 @@ def actor_rows(service: ServingService, roles: dict[str, str]) -> list[ActorRow]
     for model in service.models.values():
         for handle in model.actors:
             stats = handle.stats
-            has_kv = bool(stats.get("num_kv_blocks"))
+            has_kv = stats is not None and stats.num_kv_blocks > 0
             rows.append(
                 ActorRow(
                     name=handle.name,
@@ -86,26 +87,23 @@ def actor_rows(service: ServingService, roles: dict[str, str]) -> list[ActorRow]
                     role=roles.get(handle.deployment, "aggregated"),
                     model=model.name,
                     worker=handle.worker,
-                    running=int(stats.get("num_running", 0)),
-                    waiting=int(stats.get("num_waiting", 0)),
+                    running=stats.num_running if stats else 0,
+                    waiting=stats.num_waiting if stats else 0,
                     in_flight=handle.in_flight,
-                    kv_usage=float(stats.get("kv_usage", 0.0)) if has_kv else None,
-                    prefix_hit_rate=float(stats["prefix_hit_rate"])
-                    if has_kv and "prefix_hit_rate" in stats
-                    else None,
+                    kv_usage=stats.kv_usage if stats and has_kv else None,
+                    prefix_hit_rate=stats.prefix_hit_rate if stats and has_kv else None,
                     health="broken" if handle.broken else "ready",
-                    kv_tiers=tier_rows(stats),
+                    kv_tiers=tier_rows(stats) if stats else (),
                 )
             )
     return sorted(rows, key=lambda row: row.name)
 
 
-def tier_rows(stats: dict[str, Any]) -> tuple[TierRow, ...]:
+def tier_rows(stats: EngineStats) -> tuple[TierRow, ...]:
     """The offload tiers an engine's stats report (none for an engine without them)."""
     rows = []
     for tier in ("host", "disk"):
-        capacity = int(stats.get(f"{tier}_kv_capacity_blocks", 0))
+        used, capacity, hit_rate = stats.tier(tier)
         if capacity:
-            used = int(stats.get(f"{tier}_kv_blocks", 0))
-            rows.append(TierRow(tier, used / capacity, float(stats.get(f"{tier}_hit_rate", 0.0))))
+            rows.append(TierRow(tier, used / capacity, hit_rate))
     return tuple(rows)

@@ -9,6 +9,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+class SamplingParamError(ValueError):
+    """One sampling parameter is out of range; ``field`` names it."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field_name
+
+    def __reduce__(self) -> tuple[type[SamplingParamError], tuple[str, str]]:
+        return type(self), (self.field, str(self))  # crosses a Dask call intact
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick tokens and when to stop; validated on construction."""
@@ -43,4 +54,5 @@ class SamplingParams:
 
 def _require(ok: bool, name: str, value: object, expected: str) -> None:
     if not ok:
-        raise ValueError(f"SamplingParams '{name}' has value {value!r}; expected {expected}")
+        message = f"SamplingParams '{name}' has value {value!r}; expected {expected}"
+        raise SamplingParamError(name, message)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
+
+_DERIVED = ("prefix_hit_rate", "device_hit_rate", "host_hit_rate", "disk_hit_rate")
 
 
 @dataclass(frozen=True)
@@ -59,12 +61,40 @@ class EngineStats:
         """A tier's hit tokens over the prompt tokens looked up."""
         return hit_tokens / self.prefix_queried_tokens if self.prefix_queried_tokens else 0.0
 
-    def to_dict(self) -> dict[str, Any]:
+    @property
+    def device_hit_rate(self) -> float:
         device_hits = self.prefix_hit_tokens - self.host_hit_tokens - self.disk_hit_tokens
-        return {
-            **asdict(self),
-            "prefix_hit_rate": self.prefix_hit_rate,
-            "device_hit_rate": self.tier_hit_rate(max(device_hits, 0)),
-            "host_hit_rate": self.tier_hit_rate(self.host_hit_tokens),
-            "disk_hit_rate": self.tier_hit_rate(self.disk_hit_tokens),
-        }
+        return self.tier_hit_rate(max(device_hits, 0))
+
+    @property
+    def host_hit_rate(self) -> float:
+        return self.tier_hit_rate(self.host_hit_tokens)
+
+    @property
+    def disk_hit_rate(self) -> float:
+        return self.tier_hit_rate(self.disk_hit_tokens)
+
+    def tier(self, tier: str) -> tuple[int, int, float]:
+        """An offload tier's (blocks held, capacity in blocks, hit rate); ``host`` or ``disk``."""
+        if tier == "host":
+            return self.host_kv_blocks, self.host_kv_capacity_blocks, self.host_hit_rate
+        if tier == "disk":
+            return self.disk_kv_blocks, self.disk_kv_capacity_blocks, self.disk_hit_rate
+        raise ValueError(f"EngineStats tier has value {tier!r}; expected 'host' or 'disk'")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The wire form (``EngineActor.stats``): the counters and the derived rates."""
+        return {**asdict(self), **{name: getattr(self, name) for name in _DERIVED}}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EngineStats:
+        """Decodes ``to_dict``'s form (the derived rates are recomputed, not read); a
+        missing or unknown counter is an error naming it, never a silent 0."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known - set(_DERIVED))
+        if unknown:
+            raise ValueError(f"engine stats have unknown fields {unknown}")
+        try:
+            return cls(**{k: v for k, v in data.items() if k in known})
+        except TypeError as exc:  # a required counter is missing
+            raise ValueError(f"engine stats are incomplete: {exc}") from exc

@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from dynask.actors.api.actor_info import ActorInfo
 from dynask.actors.api.engine_protocol import Engine, KVCacheEngine
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.runtime.engine_factory import EngineSpec, build_engine
@@ -48,7 +49,8 @@ class EngineActor(KVTransferMethods):
         self._kv_transfer = None
 
     async def start(self) -> dict[str, Any]:
-        """Loads the engine (in a thread), opens the token stream; returns the actor's info."""
+        """Loads the engine (in a thread), opens the token stream; returns the actor's info
+        (``ActorInfo.to_dict``: plain data on the wire)."""
         if self._info is not None:
             return self._info
         _share_cores_with_other_workers()
@@ -62,17 +64,17 @@ class EngineActor(KVTransferMethods):
             stream.watch_kv_events(engine.kv_events)
         engine.start()
         self._engine, self._stream = engine, stream
-        self._info = {
-            "name": self.name,
-            "stream_address": address,
-            "max_model_len": engine.max_model_len,
-            "kv_events": has_kv_cache,  # False: route with the approximate index
-            "kv_block_size": engine.kv_block_size if isinstance(engine, KVCacheEngine) else None,
-            "engine": self.spec.kind,
-            "model": self.spec.model,
-            "worker": _worker_address(),
-            "tokenizer_files": await asyncio.to_thread(_tokenizer_files, engine),
-        }
+        self._info = ActorInfo(
+            name=self.name,
+            stream_address=address,
+            max_model_len=engine.max_model_len,
+            engine=self.spec.kind,
+            model=self.spec.model,
+            worker=_worker_address(),
+            kv_events=has_kv_cache,  # False: route with the approximate index
+            kv_block_size=engine.kv_block_size if isinstance(engine, KVCacheEngine) else None,
+            tokenizer_files=await asyncio.to_thread(_tokenizer_files, engine),
+        ).to_dict()
         return self._info
 
     async def submit(self, packed: bytes) -> None:
@@ -116,7 +118,7 @@ class EngineActor(KVTransferMethods):
         if not isinstance(engine, KVCacheEngine):
             raise TypeError(
                 f"engine actor {self.name} runs out={self.spec.kind}, which has no prefix "
-                "cache to dump; route it with the approximate index (info['kv_events'] is False)"
+                "cache to dump; route it with the approximate index (its info's kv_events is False)"
             )
         return pack_kv_dump(await asyncio.to_thread(engine.kv_cache_dump))
 

@@ -6,7 +6,8 @@ Design decisions:
   ship it to a Dask worker; it is validated when made (kind, file, argument names and
   types), so a bad deployment fails in the control plane, not later inside an actor.
   Value ranges are checked by each engine's own config (``EngineConfig``,
-  ``MockerConfig``), which name the field and the value.
+  ``MockerConfig``, ``VLLMArgs``), which name the field and the value; they are made
+  once when the spec is, since that costs nothing.
 - The known arguments of ``torch`` and ``mocker`` are the fields of their config
   dataclasses (read with ``get_type_hints``), so a new config field needs no change here.
 - Backends without weights (echo, mocker, python) still speak a real tokenizer, taken
@@ -73,8 +74,13 @@ class EngineSpec:
         object.__setattr__(self, "engine_args", dict(self.engine_args))
         for key, value in self.engine_args.items():
             _check_arg(self.kind, key, value)
-        if self.kind == "vllm":
-            VLLMArgs(**self.engine_args)  # value ranges, named, before any worker starts
+        # Value ranges, named, before any worker starts (each config is cheap to make).
+        if self.kind == "torch":
+            EngineConfig(model=self.model, **self.engine_args)
+        elif self.kind == "vllm":
+            VLLMArgs(**self.engine_args)
+        elif self.kind == "mocker":
+            MockerConfig(**self.engine_args)
 
 
 def _check_arg(kind: str, key: str, value: object) -> None:
@@ -122,6 +128,13 @@ def parse_engine(text: str) -> tuple[str, str | None]:
     if sep or kind not in KINDS:
         raise ValueError(f"engine {text!r} is not known; valid: {ENGINE_FORMS}")
     return kind, None
+
+
+def prepare_model(model: str | None) -> None:
+    """Resolves a model argument once, in the calling process: a bad path fails before
+    any worker starts, and a GGUF file is converted here rather than by every worker at
+    the same time (they find the conversion cached)."""
+    resolve_model(model)
 
 
 def build_engine(spec: EngineSpec) -> Engine:

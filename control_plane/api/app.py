@@ -13,10 +13,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from dynask.control_plane.api.errors import APIError
+from dynask.control_plane.api.errors import APIError, from_serving
 from dynask.control_plane.api.openai_routes import make_openai_routes
 from dynask.control_plane.api.openapi_document import openapi_document
 from dynask.control_plane.api.routing_routes import make_routing_routes
+from dynask.control_plane.serving.errors import ServingError
 from dynask.control_plane.serving.service import ServingService
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ def build_app(
         middleware=list(middleware),
         exception_handlers={
             APIError: _api_error,
+            ServingError: _serving_error,
             HTTPException: _http_error,
             Exception: _unexpected_error,
         },
@@ -91,6 +93,11 @@ def _operational_routes(service: ServingService) -> list[Route]:
 async def _api_error(_: Request, exc: Exception) -> Response:
     assert isinstance(exc, APIError)
     return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+async def _serving_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ServingError)
+    return await _api_error(request, from_serving(exc))
 
 
 async def _http_error(_: Request, exc: Exception) -> Response:

@@ -25,7 +25,7 @@ def make_engines_routes(
                     "deployment": a.deployment,
                     "worker": a.worker,
                     "in_flight": a.in_flight,
-                    "stats": a.stats,
+                    "stats": a.stats.to_dict() if a.stats is not None else {},
                 }
                 for a in service.ready_actors()
             ]

@@ -1,8 +1,19 @@
-"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
+"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
+
+The serving pipeline raises domain errors (``serving.errors``); ``from_serving`` is the
+one place that says which HTTP status and headers each one gets.
+"""
 
 from __future__ import annotations
 
 from typing import Any
+
+from dynask.control_plane.serving.errors import (
+    InvalidRequestError,
+    ModelNotFoundError,
+    ServingError,
+    UnavailableError,
+)
 
 
 class APIError(Exception):
@@ -51,3 +62,18 @@ def _default_type(status: int) -> str:
 
 def invalid(param: str, message: str) -> APIError:
     return APIError(message, status=400, param=param, code="invalid_value")
+
+
+def from_serving(error: ServingError) -> APIError:
+    """The response a domain error gets: 400 for a bad request, 404 for an unknown
+    model, 503 (with ``Retry-After`` when retrying shortly should work) when it cannot be
+    served now."""
+    if isinstance(error, UnavailableError):
+        retry = error.retry_after_s
+        headers = {"Retry-After": str(retry)} if retry is not None else None
+        return APIError(error.message, status=503, code=error.code, headers=headers)
+    if isinstance(error, ModelNotFoundError):
+        return APIError(error.message, status=404, param=error.param, code=error.code)
+    if isinstance(error, InvalidRequestError):
+        return APIError(error.message, status=400, param=error.param, code=error.code)
+    return APIError(error.message, status=500, param=error.param, code=error.code)

@@ -18,10 +18,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from dynask.actors.api.outputs import FinishReason, RequestOutput, Usage
-from dynask.control_plane.api.errors import APIError
-from dynask.control_plane.api.request_schema import GenerationRequest, parse_chat, parse_completion
+from dynask.control_plane.api.errors import APIError, from_serving
+from dynask.control_plane.api.request_schema import parse_chat, parse_completion
 from dynask.control_plane.api.sse import TokenEventResponse
-from dynask.control_plane.serving.service import PreparedRequest, RoutedRequest, ServingService
+from dynask.control_plane.serving.admitted_request import AdmittedRequest
+from dynask.control_plane.serving.errors import ServingError
+from dynask.control_plane.serving.request import GenerationRequest, PreparedRequest
+from dynask.control_plane.serving.service import ServingService
 
 MAX_BODY_BYTES = 4 * 2**20
 
@@ -89,35 +92,33 @@ async def _serve(
         parsed = await service.request_hook(parsed)
     prepared = service.prepare(parsed, fmt.id_prefix)
     formatter = fmt(prepared, parsed.model)
-    routed = service.route(prepared)  # before any response: a 503 stays a 503
+    admitted = service.admit(prepared)  # before any response: a 503 stays a 503
     metrics = service.metrics
     metrics.input_tokens.labels(parsed.model).inc(len(prepared.prompt_ids))
-    if parsed.stream:
-        events = _sse_events(service, routed, formatter, parsed.include_usage, started)
-        return TokenEventResponse(events, ping=600, sep="\n", on_close=routed.release)
-    try:
-        outputs = [o async for batch in _tracked(service, routed, started) for o in batch]
-    finally:
-        routed.release()
+    if parsed.stream:  # on_close: a body that never started still gives everything back
+        events = _sse_events(service, admitted, formatter, parsed.include_usage, started)
+        return TokenEventResponse(events, ping=600, sep="\n", on_close=admitted.release)
+    with admitted:
+        outputs = [o async for batch in _tracked(service, admitted, started) for o in batch]
     return JSONResponse(formatter.whole(outputs))
 
 
 async def _tracked(
-    service: ServingService, routed: RoutedRequest, started: float
+    service: ServingService, admitted: AdmittedRequest, started: float
 ) -> AsyncIterator[list[RequestOutput]]:
     """The request's deltas as they arrive (in batches), with metrics recorded on the way.
 
     Inter-token latency is the gap between two arrivals spread over the tokens of the
     later one: deltas that arrive together reach the client in one write.
     """
-    prepared = routed.prepared
+    prepared = admitted.prepared
     metrics, model = service.metrics, prepared.model.name
     ttft, itl = metrics.ttft.labels(model), metrics.itl.labels(model)  # resolved once
     output_tokens = metrics.output_tokens.labels(model)
     metrics.in_flight.inc()
     status, last, first, tokens = "error", None, 0.0, 0
     try:
-        async for outputs in service.generate(routed):
+        async for outputs in service.generate(admitted):
             now = time.monotonic()
             if last is None:
                 first = now
@@ -152,7 +153,7 @@ def _raise_if_aborted(prepared: PreparedRequest, output: RequestOutput) -> None:
 
 async def _sse_events(
     service: ServingService,
-    routed: RoutedRequest,
+    admitted: AdmittedRequest,
     formatter: _Format,
     include_usage: bool,
     started: float,
@@ -163,7 +164,7 @@ async def _sse_events(
     if first is not None:
         yield sse_event(first)
     try:
-        async for outputs in _tracked(service, routed, started):
+        async for outputs in _tracked(service, admitted, started):
             events = [formatter.chunk_event(output) for output in outputs]
             last = outputs[-1]
             if last.finished and include_usage and last.usage is not None:
@@ -171,6 +172,8 @@ async def _sse_events(
             yield b"".join(events)
     except APIError as exc:  # the status line is sent already: report it in the stream
         yield sse_event(exc.body())
+    except ServingError as exc:
+        yield sse_event(from_serving(exc).body())
     yield b"data: [DONE]\n\n"
 
 

@@ -1,4 +1,4 @@
-"""Validation of OpenAI request bodies into one small ``GenerationRequest``.
+"""Validation of OpenAI request bodies into the serving pipeline's ``GenerationRequest``.
 
 Every rule names the parameter and the bad value, so a client sees exactly what to fix.
 Unknown fields are ignored (clients send ``user``, ``metadata`` …); features we do not
@@ -9,31 +9,17 @@ overriding the server's ``--router-mode``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from dynask.control_plane.api.errors import invalid
 from dynask.control_plane.routing.kv_router import ROUTING_MODES
+from dynask.control_plane.serving.request import GenerationRequest
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # Integers cross to the actor as msgpack and seed a torch.Generator: both stop at 64 bits.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _UNSUPPORTED_NONZERO = ("presence_penalty", "frequency_penalty")
 _UNSUPPORTED_TRUTHY = ("logprobs", "top_logprobs", "tools", "functions", "suffix", "echo")
-
-
-@dataclass(frozen=True)
-class GenerationRequest:
-    """What the control plane needs from a chat or completions request."""
-
-    model: str
-    messages: list[dict[str, Any]] | None  # chat
-    prompt: str | list[int] | None  # completions
-    max_tokens: int | None
-    sampling: dict[str, Any]  # keyword arguments of SamplingParams (without max_tokens)
-    stream: bool
-    include_usage: bool
-    router_mode: str | None = None  # None: the server's default
 
 
 def parse_chat(body: Any) -> GenerationRequest:

@@ -2,41 +2,55 @@
 
 Each input line is ``{"prompt": "..."}`` or ``{"messages": [...]}`` (optionally with
 ``max_tokens`` and ``temperature``); the output file ``FILE.results.jsonl`` holds one line
-per input line, in the same order, with the text, finish reason and token counts.
+per input line, in the same order, with the text, finish reason and token counts. The
+lines are checked before any engine starts, then all go through the serving pipeline at
+once (its admission and routing pace them).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
-from dynask.actors.api.sampling_params import SamplingParams
-from dynask.actors.api.streams import RequestStream
-from dynask.actors.engine.engine import LLMEngine
+from dynask.actors.api.outputs import RequestOutput
+from dynask.control_plane.cli.local_pipeline import LocalPipeline
+from dynask.control_plane.serving.errors import InvalidRequestError
+from dynask.control_plane.serving.request import PreparedRequest
 
 
 def results_path(path: Path) -> Path:
     return path.with_name(path.name.removesuffix(".jsonl") + ".results.jsonl")
 
 
-def run_batch(engine: LLMEngine, file: str, params: SamplingParams) -> int:
+def read_batch(file: str) -> list[tuple[int, dict[str, Any]]]:
+    """The file's lines (numbered from 1, blank ones skipped); a bad line is a
+    ``ValueError`` naming it."""
     path = Path(file)
     if not path.is_file():
         raise FileNotFoundError(f"batch file '{file}' does not exist")
-    items = [(number, _parse_line(line, number)) for number, line in _lines(path)]
-    streams = [(number, _submit(engine, item, params)) for number, item in items]
-    out_path = results_path(path)
-    with out_path.open("w") as out, tqdm(total=len(streams), desc="batch", unit="req") as bar:
-        for number, stream in streams:
-            stream.wait()
-            out.write(json.dumps(_result(number, stream)) + "\n")
-            bar.update(1)
-    print(f"wrote {len(streams)} results to {out_path}", file=sys.stderr)
+    return [(number, _parse_line(line, number)) for number, line in _lines(path)]
+
+
+async def run_batch(
+    pipeline: LocalPipeline, file: str, items: list[tuple[int, dict[str, Any]]]
+) -> int:
+    requests = [(number, _prepared(pipeline, item, number)) for number, item in items]
+    out_path = results_path(Path(file))
+    tasks = [asyncio.create_task(_collect(pipeline, prepared)) for _, prepared in requests]
+    try:
+        with out_path.open("w") as out, tqdm(total=len(tasks), desc="batch", unit="req") as bar:
+            for (number, _), task in zip(requests, tasks, strict=True):
+                out.write(json.dumps(_result(number, await task)) + "\n")
+                bar.update(1)
+    finally:
+        for task in tasks:
+            task.cancel()
+    print(f"wrote {len(tasks)} results to {out_path}", file=sys.stderr)
     return 0
 
 
@@ -54,20 +68,41 @@ def _parse_line(line: str, number: int) -> dict[str, Any]:
     return item
 
 
-def _submit(engine: LLMEngine, item: dict[str, Any], params: SamplingParams) -> RequestStream:
-    overrides = {k: item[k] for k in ("max_tokens", "temperature") if k in item}
-    request_params = replace(params, **overrides) if overrides else params
-    if "messages" in item:
-        return engine.add_request(engine.apply_chat_template(item["messages"]), request_params)
-    return engine.add_request(str(item["prompt"]), request_params)
+def _prepared(pipeline: LocalPipeline, item: dict[str, Any], number: int) -> PreparedRequest:
+    """The line as a prepared request: a refused line fails before any line runs."""
+    max_tokens = _optional(item, "max_tokens", (int,), number)
+    temperature = _optional(item, "temperature", (int, float), number)
+    request = pipeline.request(
+        messages=item.get("messages"),
+        prompt=None if "messages" in item else str(item["prompt"]),
+        max_tokens=None if max_tokens is None else int(max_tokens),
+        temperature=None if temperature is None else float(temperature),
+    )
+    try:
+        return pipeline.prepare(request)
+    except InvalidRequestError as exc:
+        raise ValueError(f"batch line {number}: {exc.message}") from exc
 
 
-def _result(number: int, stream: RequestStream) -> dict[str, Any]:
-    usage = stream.usage
+def _optional(item: dict[str, Any], name: str, types: tuple[type, ...], number: int) -> Any:
+    value = item.get(name)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
+        expected = " or ".join(t.__name__ for t in types)
+        raise ValueError(f"batch line {number}: '{name}' has value {value!r}; expected {expected}")
+    return value
+
+
+async def _collect(pipeline: LocalPipeline, prepared: PreparedRequest) -> list[RequestOutput]:
+    return [output async for output in pipeline.generate(prepared)]
+
+
+def _result(number: int, outputs: list[RequestOutput]) -> dict[str, Any]:
+    last = outputs[-1]
+    usage = last.usage
     return {
         "line": number,
-        "text": stream.text,
-        "finish_reason": stream.finish_reason,
+        "text": "".join(o.text for o in outputs),
+        "finish_reason": last.finish_reason.value if last.finish_reason else None,
         "prompt_tokens": usage.prompt_tokens if usage else None,
         "completion_tokens": usage.completion_tokens if usage else None,
     }

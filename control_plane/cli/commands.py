@@ -12,7 +12,7 @@ from dynask.control_plane.cluster.deploy_file import read_deploy_file
 from dynask.control_plane.cluster.plan import DeploymentPlan, served_name
 
 if TYPE_CHECKING:
-    from dynask.control_plane.server import Extension
+    from dynask.control_plane.server import Extension, ServerOptions
 
 IN_MODES = ("http", "text", "batch:FILE.jsonl")
 ENGINE_FORMS = ("torch", "vllm", "echo", "mocker", "python:FILE.py")
@@ -51,56 +51,76 @@ def _engine_args(args: argparse.Namespace, kind: str) -> dict[str, Any]:
 
 
 def run_command(args: argparse.Namespace, extensions: Sequence[Extension] = ()) -> int:
-    from dynask.actors.engine.loader import resolve_model
-    from dynask.actors.runtime.engine_factory import EngineSpec, parse_engine
+    from dynask.actors.runtime.engine_factory import EngineSpec, parse_engine, prepare_model
 
     _check_input(args.input)
     kind, python_file = parse_engine(args.engine)
     if args.model and args.model_path and args.model != args.model_path:
         raise ValueError(f"two models given ({args.model!r} and --model-path {args.model_path!r})")
     model = args.model or args.model_path
-    # Resolve here, once: a bad path fails before any worker starts, and a GGUF file is
-    # converted by this process rather than by every worker at the same time.
-    resolve_model(model)
     spec = EngineSpec(
         kind=kind, model=model, python_file=python_file, engine_args=_engine_args(args, kind)
     )
+    prepare_model(model)  # once, here: before any worker starts
+    aggregated = DeploymentPlan(
+        name="default",
+        served_model_name=args.model_name or served_name(model),
+        spec=spec,
+        replicas=args.workers,
+    )
+    deployments, n_workers = embedded_deployments(args, aggregated)
     if args.input == "http":
-        aggregated = DeploymentPlan(
-            name="default",
-            served_model_name=args.model_name or served_name(model),
-            spec=spec,
-            replicas=args.workers,
-        )
-        deployments, n_workers = embedded_deployments(args, aggregated)
         return _serve_http(
             args, deployments, scheduler=None, n_workers=n_workers, extensions=extensions
         )
-    if kind != "torch":
-        raise ValueError(f"in={args.input} runs the built-in engine only; drop out={args.engine}")
-    return _run_local(args, model)
+    return _run_local(args, deployments, n_workers, model)
 
 
-def _run_local(args: argparse.Namespace, model: str | None) -> int:
-    from dynask.actors.api.sampling_params import SamplingParams
-    from dynask.actors.engine.config import EngineConfig
-    from dynask.actors.engine.engine import LLMEngine
+def _run_local(
+    args: argparse.Namespace, deployments: list[DeploymentPlan], n_workers: int, model: str | None
+) -> int:
+    """``in=text`` / ``in=batch``: the serving pipeline over an embedded cluster, no HTTP."""
+    import asyncio
 
-    config = EngineConfig(model=model, **_engine_args(args, "torch"))
-    print(f"loading {model or 'the bundled SmolLM2-135M-Instruct'} ...", file=sys.stderr)
-    engine = LLMEngine(config)
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
-    engine.start()
-    try:
-        if args.input.startswith("batch:"):
-            from dynask.control_plane.cli.batch_input import run_batch
+    from dynask.control_plane.cli.batch_input import read_batch, run_batch
+    from dynask.control_plane.cli.local_pipeline import local_pipeline
+    from dynask.control_plane.cli.text_chat import run_text_chat
 
-            return run_batch(engine, args.input.removeprefix("batch:"), params)
-        from dynask.control_plane.cli.text_chat import run_text_chat
+    batch_file = args.input.removeprefix("batch:") if args.input.startswith("batch:") else None
+    items = read_batch(batch_file) if batch_file is not None else []  # bad lines fail first
+    options = _server_options(args, scheduler=None, n_workers=n_workers)
+    _quiet_cluster_logs(args.log_level)
 
-        return run_text_chat(engine, params)
-    finally:
-        engine.shutdown()
+    async def session() -> int:
+        print(f"loading {model or 'the bundled SmolLM2-135M-Instruct'} ...", file=sys.stderr)
+        async with local_pipeline(
+            deployments,
+            n_workers,
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            routing=options.routing,
+            disagg=options.disagg,
+            reliability=options.reliability,
+        ) as pipeline:
+            if batch_file is not None:
+                return await run_batch(pipeline, batch_file, items)
+            return await run_text_chat(pipeline)
+
+    return asyncio.run(session())
+
+
+def _quiet_cluster_logs(log_level: str) -> None:
+    """The terminal is the chat (or the progress bar): the embedded cluster's own
+    messages (an event loop slow under load, say) show only when they are errors, unless
+    ``--log-level`` asks for more. Worker processes read the level from the environment
+    when they start."""
+    import logging
+    import os
+
+    asked = logging.getLevelName(log_level.upper())
+    level = asked if isinstance(asked, int) and asked < logging.WARNING else logging.ERROR
+    logging.getLogger("distributed").setLevel(level)
+    os.environ["DASK_LOGGING__DISTRIBUTED"] = logging.getLevelName(level).lower()
 
 
 def serve_command(args: argparse.Namespace, extensions: Sequence[Extension] = ()) -> int:
@@ -126,10 +146,20 @@ def _serve_http(
     n_workers: int,
     extensions: Sequence[Extension] = (),
 ) -> int:
+    from dynask.control_plane.server import ControlPlane
+
+    options = _server_options(args, scheduler, n_workers)
+    return ControlPlane(deployments, options, extensions).serve()
+
+
+def _server_options(
+    args: argparse.Namespace, scheduler: str | None, n_workers: int
+) -> ServerOptions:
+    """The ``ServerOptions`` the flags ask for."""
     from dynask.control_plane.cli.planner_flags import planner_config
     from dynask.control_plane.cli.reliability_flags import reliability_options
     from dynask.control_plane.routing.model_routing import RoutingOptions
-    from dynask.control_plane.server import ControlPlane, ServerOptions
+    from dynask.control_plane.server import ServerOptions
 
     routing = RoutingOptions(
         mode=args.router_mode,
@@ -138,7 +168,7 @@ def _serve_http(
         max_active_blocks=args.max_active_blocks,
         max_queue=args.max_queue,
     )
-    options = ServerOptions(
+    return ServerOptions(
         host=args.host,
         port=args.port,
         routing=routing,
@@ -150,4 +180,3 @@ def _serve_http(
         reliability=reliability_options(args),
         planner=planner_config(args),
     )
-    return ControlPlane(deployments, options, extensions).serve()

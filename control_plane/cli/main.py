@@ -22,6 +22,7 @@ from dynask.control_plane.cli.keys_command import add_keys_parser, keys_command
 from dynask.control_plane.cli.planner_flags import add_planner_args
 from dynask.control_plane.cli.reliability_flags import add_reliability_args
 from dynask.control_plane.routing.kv_router import KV_MODE, ROUTING_MODES
+from dynask.control_plane.serving.errors import ServingError
 
 
 class CLIError(ValueError):
@@ -177,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "keys":
             return keys_command(args)
         return _db_command(args)
-    except (ValueError, FileNotFoundError, KeyError) as exc:
+    except (ValueError, FileNotFoundError, KeyError, ServingError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"dynask: error: {message}", file=sys.stderr)
         return 2

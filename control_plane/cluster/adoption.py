@@ -20,6 +20,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from dynask.actors.api.actor_info import ActorInfo
 from dynask.actors.runtime.engine_factory import EngineSpec
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ class PublishedActor:
     spec: EngineSpec
     future: Any  # distributed.Future of the actor
     proxy: Any  # distributed.Actor
-    info: dict[str, Any]
+    info: ActorInfo
 
 
 async def publish(client: Any, name: str, deployment: str, spec: EngineSpec, future: Any) -> None:
@@ -62,7 +63,7 @@ async def find_published(client: Any) -> list[PublishedActor]:
         try:
             record = await client.get_dataset(dataset)
             proxy = await asyncio.wait_for(record["future"], ADOPT_TIMEOUT_S)
-            info = await asyncio.wait_for(proxy.start(), ADOPT_TIMEOUT_S)
+            info = ActorInfo.from_dict(await asyncio.wait_for(proxy.start(), ADOPT_TIMEOUT_S))
         except Exception as exc:  # its worker died while no control plane watched
             log.warning("published engine actor %s is unreachable (%s); dropping it", name, exc)
             await withdraw(client, name)

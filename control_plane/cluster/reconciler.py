@@ -24,11 +24,12 @@ from typing import Any
 
 from distributed import Client, LocalCluster
 
+from dynask.actors.api.actor_info import ActorInfo
 from dynask.actors.runtime.engine_actor import EngineActor
 from dynask.actors.runtime.gpu_discovery import GPUDiscoveryPlugin
 from dynask.control_plane.cluster import adoption as actor_adoption
 from dynask.control_plane.cluster.plan import DeploymentPlan
-from dynask.control_plane.disagg.orchestrator import AGGREGATED_ROLE, KV_TRANSFER_ADDRESS
+from dynask.control_plane.disagg.orchestrator import AGGREGATED_ROLE
 from dynask.control_plane.reliability.actor_health import ActorHealth
 from dynask.control_plane.serving.actor_handle import ActorHandle
 from dynask.control_plane.serving.service import ServingService
@@ -190,8 +191,8 @@ class ClusterRuntime:
                 pure=False,
             )
             proxy = await asyncio.wait_for(future, ACTOR_START_TIMEOUT_S)
-            info = await asyncio.wait_for(proxy.start(), ACTOR_START_TIMEOUT_S)
-            info = await self._with_kv_listener(proxy, deployment.role, info)
+            answer = await asyncio.wait_for(proxy.start(), ACTOR_START_TIMEOUT_S)
+            info = await self._with_kv_listener(proxy, deployment.role, ActorInfo.from_dict(answer))
             handle = ActorHandle(
                 name=name, deployment=deployment.name, proxy=proxy, info=info, role=deployment.role
             )
@@ -207,20 +208,18 @@ class ClusterRuntime:
         self._handles[name] = handle
         self.service.add_actor(deployment.served_model_name, handle)
         self._on_actor_event(
-            name, "ready", {"worker": address, "stream_address": info["stream_address"]}
+            name, "ready", {"worker": address, "stream_address": info.stream_address}
         )
-        log.info("engine actor %s ready on %s (stream %s)", name, address, info["stream_address"])
+        log.info("engine actor %s ready on %s (stream %s)", name, address, info.stream_address)
 
-    async def _with_kv_listener(
-        self, proxy: Any, role: str, info: dict[str, Any]
-    ) -> dict[str, Any]:
+    async def _with_kv_listener(self, proxy: Any, role: str, info: ActorInfo) -> ActorInfo:
         """A prefill or decode actor's info with its KV listener's address (opened once;
         an adopted actor answers with the one it has)."""
         if role == AGGREGATED_ROLE:
             return info
         transport = self.service.disagg.options.transport
         address = await asyncio.wait_for(proxy.open_kv_transfer(transport), ACTOR_START_TIMEOUT_S)
-        return {**info, KV_TRANSFER_ADDRESS: address}
+        return info.with_kv_transfer(address)
 
     def _actor_name(self, deployment: str) -> str:
         index = 0
@@ -251,7 +250,7 @@ class ClusterRuntime:
             details = {"worker": handle.worker, "deployment": found.deployment}
             self._on_actor_event(found.name, "starting", details)
             self._on_actor_event(
-                found.name, "ready", {**details, "stream_address": found.info["stream_address"]}
+                found.name, "ready", {**details, "stream_address": found.info.stream_address}
             )
             log.info("adopted running engine actor %s on %s", found.name, handle.worker)
 

@@ -42,7 +42,6 @@ from dynask.control_plane.serving.actor_handle import ActorHandle
 log = logging.getLogger(__name__)
 
 PREFILL_ROLE, DECODE_ROLE, AGGREGATED_ROLE = "prefill", "decode", "aggregated"
-KV_TRANSFER_ADDRESS = "kv_transfer_address"  # in an actor's info when its listener is open
 
 Submit = Callable[[bytes], Awaitable[None]]
 
@@ -77,23 +76,22 @@ class DisaggOptions:
 
 @dataclass
 class PrefillPlan:
-    """The prefill actor chosen for one request (its load counts the prefill)."""
+    """The prefill actor chosen for one request (its load counts the prefill until the
+    prefill is over or the request ends, whichever comes first)."""
 
     request_id: str
     prefill_actor: ActorHandle
-    started: bool = False
+    released: bool = False
 
     @property
     def load_key(self) -> str:
         return f"{self.request_id}/prefill"
 
     def release(self) -> None:
-        self.prefill_actor.load.release(self.load_key)
-
-    def release_unless_started(self) -> None:
-        """Uncounts a plan whose request never reached ``submit`` (its task does it else)."""
-        if not self.started:
-            self.release()
+        """Uncounts the prefill from the prefill actor's load; only the first call acts."""
+        if not self.released:
+            self.released = True
+            self.prefill_actor.load.release(self.load_key)
 
 
 class DisaggOrchestrator:
@@ -114,7 +112,7 @@ class DisaggOrchestrator:
         prefill_actors: Sequence[ActorHandle],
     ) -> PrefillPlan | None:
         """A prefill actor for the request, or None when the decode actor prefills it."""
-        if not prefill_actors or KV_TRANSFER_ADDRESS not in decode.info:
+        if not prefill_actors or decode.info.kv_transfer_address is None:
             return None
         if len(prompt_ids) - cached_on_decode < self.options.min_remote_prefill_tokens:
             self.counters["local_short_or_cached"] += 1
@@ -133,30 +131,31 @@ class DisaggOrchestrator:
         return PrefillPlan(request_id, route.actor)
 
     def submitter(self, plan: PrefillPlan, decode: ActorHandle) -> Submit:
-        """What ``ActorHandle.generate`` calls instead of its plain submission."""
+        """What ``ActorHandle.generate`` calls instead of its plain submission. The plan
+        ends (``release``) when no remote prefill happens, else when it is over."""
 
         async def submit(packed: bytes) -> None:
-            plan.started = True
+            prefilling = False
             try:
                 ticket = await decode.proxy.prepare_remote_prefill(
                     packed, self.options.transfer_timeout_s
                 )
+                if ticket is None:
+                    self.counters["local_decided_by_decode"] += 1
+                    return
+                task = asyncio.create_task(self._prefill(plan, decode, bytes(ticket), packed))
+                prefilling = True
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
             except ValueError:
-                plan.release()
                 raise
             except Exception as exc:
-                plan.release()
                 log.warning("disaggregated hand-over to %s failed (%s)", decode.name, exc)
                 self.counters["local_handover_failed"] += 1
                 await decode.proxy.submit(packed)
-                return
-            if ticket is None:
-                plan.release()
-                self.counters["local_decided_by_decode"] += 1
-                return
-            task = asyncio.create_task(self._prefill(plan, decode, bytes(ticket), packed))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            finally:
+                if not prefilling:
+                    plan.release()
 
         return submit
 

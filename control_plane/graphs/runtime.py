@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from dynask.control_plane.api.errors import APIError
-from dynask.control_plane.api.request_schema import GenerationRequest
 from dynask.control_plane.graphs.components import (
     PROCESSED_KEYS,
     DeploymentRef,
@@ -29,6 +28,7 @@ from dynask.control_plane.graphs.components import (
 )
 from dynask.control_plane.graphs.config import GraphPlan, plan_graph, read_graph_config
 from dynask.control_plane.graphs.sdk import Graph, build_graph, unlink_all
+from dynask.control_plane.serving.request import GenerationRequest
 
 PROCESS_TIMEOUT_S = 60.0
 

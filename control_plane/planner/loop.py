@@ -90,7 +90,8 @@ class PlannerLoop:
         w = self.config.window_s
         ready: dict[str, list[float]] = {}
         for handle in self.runtime.service.ready_actors():
-            ready.setdefault(handle.deployment, []).append(float(handle.stats.get("kv_usage", 0)))
+            kv_usage = handle.stats.kv_usage if handle.stats is not None else 0.0
+            ready.setdefault(handle.deployment, []).append(kv_usage)
         loads = []
         for plan in self.runtime.deployments:
             summary = window.summary(plan.served_model_name, w)

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from dynask.actors.api.stats import EngineStats
 from dynask.control_plane.reliability.options import ReliabilityOptions
 from dynask.control_plane.serving.actor_handle import ActorHandle
 
@@ -140,7 +141,8 @@ class ActorHealth:
 
     async def _ping(self, handle: ActorHandle) -> None:
         try:
-            stats = await asyncio.wait_for(handle.proxy.stats(), self._options.heartbeat_timeout_s)
+            answer = await asyncio.wait_for(handle.proxy.stats(), self._options.heartbeat_timeout_s)
+            stats = EngineStats.from_dict(answer)
         except TimeoutError:
             return  # the next round judges the silence
         except Exception as exc:  # unreachable; EOF or the scheduler usually say so first
@@ -150,12 +152,12 @@ class ActorHealth:
         self._last_answer[handle.name] = now
         self._note_steps(handle, stats, now)
 
-    def _note_steps(self, handle: ActorHandle, stats: dict[str, Any], now: float) -> None:
+    def _note_steps(self, handle: ActorHandle, stats: EngineStats, now: float) -> None:
         """Restarts the stall clock when the engine stepped, is idle, or runs user code."""
-        steps = int(stats.get("num_steps", 0))
-        busy = int(stats.get("num_running", 0)) + int(stats.get("num_waiting", 0)) > 0
+        steps = stats.num_steps
+        busy = stats.num_running + stats.num_waiting > 0
         last = self._last_step.get(handle.name)
-        if last is None or last[0] != steps or not busy or handle.info.get("engine") == "python":
+        if last is None or last[0] != steps or not busy or handle.info.engine == "python":
             self._last_step[handle.name] = (steps, now)
 
     async def _reclaim(self, worker: str, proxy: Any) -> None:

@@ -14,7 +14,7 @@ Design decisions:
   and never show it. So the request resumes after the last delta that carried text: the
   tokens after it are generated again by the new actor, which then emits their text in
   full. For greedy decoding the regenerated tokens are the same ones.
-- What can be rebuilt. A greedy request (``temperature`` 0 or ``top_k`` 1) continues
+- What can be rebuilt. A greedy request (``SamplingParams.greedy``) continues
   exactly: the built-in engine's output is a function of the tokens so far. A request
   whose client has seen no text yet is re-issued as it was (a seeded one gives the same
   tokens). A *sampled* request that has shown text is refused: its generator's state
@@ -23,7 +23,11 @@ Design decisions:
   so and what to do (temperature 0 for requests that must survive a worker loss).
 - Bounded: at most ``migration_limit`` moves per request, and a moving request waits at
   most ``migration_wait_s`` for a ready actor (with one replica, the reconciler's
-  replacement). Every refusal is an ``APIError`` that names the actor and the reason.
+  replacement). Every refusal is an ``UnavailableError`` (code ``engine_lost``) that
+  names the actor and the reason.
+- The request's owner (``AdmittedRequest``) holds its placement: a move gives the lost
+  actor's back at once (``leave_actor``) and takes the next one from the ``Placer``
+  (``move_to``); whatever ends the request, its owner releases the rest.
 - The attempt's request id is the original with ``-m1``, ``-m2`` …: a hung actor that
   wakes up later cannot deliver into the new attempt.
 - Usage of the final delta is the whole request's: the original prompt, every token the
@@ -36,30 +40,20 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator
 
 from dynask.actors.api.outputs import FinishReason, RequestOutput, Usage
-from dynask.control_plane.api.errors import APIError
 from dynask.control_plane.reliability.options import ReliabilityOptions
 from dynask.control_plane.serving.actor_handle import ActorUnavailableError
-from dynask.control_plane.serving.admission import Admission
+from dynask.control_plane.serving.admitted_request import AdmittedRequest
+from dynask.control_plane.serving.errors import UnavailableError
 from dynask.control_plane.serving.metrics import ServingMetrics
-
-if TYPE_CHECKING:
-    from dynask.control_plane.serving.service import PreparedRequest, RoutedRequest
+from dynask.control_plane.serving.placer import Placement, Placer
+from dynask.control_plane.serving.request import PreparedRequest
 
 log = logging.getLogger(__name__)
 
 _PLACE_RETRY_S = (0.05, 0.1, 0.2, 0.5)  # waits between tries to find a ready actor
-
-Place = Callable[["PreparedRequest"], "RoutedRequest"]
-Submitter = Callable[["RoutedRequest"], Callable[[bytes], Awaitable[None]] | None]
-
-
-def is_greedy(params: dict[str, Any]) -> bool:
-    """The request's tokens follow from its prompt alone (SamplingParams' defaults)."""
-    return float(params.get("temperature", 1.0)) == 0.0 or int(params.get("top_k", 0)) == 1
 
 
 @dataclasses.dataclass
@@ -93,57 +87,46 @@ class RequestMigration:
     """Follows one request across actors; see the module docstring."""
 
     def __init__(
-        self, options: ReliabilityOptions, metrics: ServingMetrics, admission: Admission
+        self, options: ReliabilityOptions, metrics: ServingMetrics, placer: Placer
     ) -> None:
         self.options = options
         self.metrics = metrics
-        self.admission = admission
+        self.placer = placer  # picks and counts each next actor, plans its prefill
 
-    async def follow(
-        self, routed: RoutedRequest, place: Place, submitter: Submitter = lambda _: None
-    ) -> AsyncIterator[list[RequestOutput]]:
-        """Yields the request's deltas; moves it when its actor is lost (``place`` picks
-        and counts the next actor, as ``ServingService.place`` does; ``submitter`` says
-        how each attempt goes out: its disaggregated prefill, or None for a plain one)."""
-        original = routed.prepared
-        progress = StreamProgress(original.prompt_ids, int(original.params["max_tokens"]))
-        attempt, moves = routed, 0
-        try:
-            while True:
-                try:
-                    submit = submitter(attempt)
-                    async for outputs in self._attempt(
-                        attempt, original.request_id, progress, submit
-                    ):
-                        yield outputs
+    async def follow(self, admitted: AdmittedRequest) -> AsyncIterator[list[RequestOutput]]:
+        """Yields the request's deltas; moves it when its actor is lost. What it holds is
+        released by ``admitted`` itself, not here."""
+        original = admitted.prepared
+        progress = StreamProgress(original.prompt_ids, original.params.max_tokens)
+        moves = 0
+        while True:
+            try:
+                async for outputs in self._attempt(admitted, progress):
+                    yield outputs
+                return
+            except ActorUnavailableError as exc:
+                lost = admitted.actor.name
+                admitted.leave_actor()
+                self._check_movable(original, progress, lost, moves, exc)
+                moves += 1
+                progress.rewind()
+                if progress.remaining < 1:  # every token was out: only the end was lost
+                    yield [_length_finish(original.request_id, progress)]
                     return
-                except ActorUnavailableError as exc:
-                    lost = attempt.actor.name
-                    attempt.release_actor()
-                    self._check_movable(original, progress, lost, moves, exc)
-                    moves += 1
-                    progress.rewind()
-                    if progress.remaining < 1:  # every token was out: only the end was lost
-                        yield [_length_finish(original.request_id, progress)]
-                        return
-                    attempt = await self._move(original, progress, moves, lost, place)
-        finally:
-            attempt.release_actor()
+                admitted.move_to(await self._move(original, progress, moves, lost))
 
     async def _attempt(
-        self,
-        attempt: RoutedRequest,
-        original_id: str,
-        progress: StreamProgress,
-        submit: Callable[[bytes], Awaitable[None]] | None,
+        self, admitted: AdmittedRequest, progress: StreamProgress
     ) -> AsyncIterator[list[RequestOutput]]:
-        prepared = attempt.prepared
+        placement = admitted.placement
+        prepared = placement.prepared
+        submit = self.placer.submitter(placement)
         first = True
-        async for outputs in attempt.actor.generate(
+        async for outputs in placement.actor.generate(
             prepared.request_id, prepared.prompt_ids, prepared.params, submit
         ):
             if first:
-                self.admission.prefill_done(original_id)
+                admitted.first_token()
                 first = False
             if prepared.prompt_ids is not progress.prompt_ids:
                 outputs = [whole_request_usage(o, progress) for o in outputs]
@@ -158,12 +141,12 @@ class RequestMigration:
         moves: int,
         cause: Exception,
     ) -> None:
-        """Raises the ``APIError`` that ends the request if it may not move again."""
+        """Raises the ``UnavailableError`` that ends the request if it may not move again."""
         refusal = self._refusal(original, progress, lost, moves, cause)
         if refusal is not None:
             reason, message = refusal
             self.metrics.migrations_refused.labels(original.model.name, reason).inc()
-            raise APIError(message, status=503, code="engine_lost") from cause
+            raise UnavailableError(message, code="engine_lost") from cause
 
     def _refusal(
         self,
@@ -180,8 +163,8 @@ class RequestMigration:
                 f"has already moved {moves} times (--migration-limit {limit}); it was not "
                 f"moved again after {shown} tokens"
             )
-        if shown and not is_greedy(original.params):
-            temperature = original.params.get("temperature", 1.0)
+        if shown and not original.params.greedy:
+            temperature = original.params.temperature
             return "sampled", (
                 f"engine actor {lost} was lost after {shown} tokens of request "
                 f"{original.request_id} had been sent; it samples (temperature={temperature}) "
@@ -197,29 +180,27 @@ class RequestMigration:
         progress: StreamProgress,
         moves: int,
         lost: str,
-        place: Place,
-    ) -> RoutedRequest:
+    ) -> Placement:
         resumed = dataclasses.replace(
             original,
             request_id=f"{original.request_id}-m{moves}",
             prompt_ids=progress.resume_prompt() if progress.shown else original.prompt_ids,
-            params={**original.params, "max_tokens": progress.remaining},
+            params=dataclasses.replace(original.params, max_tokens=progress.remaining),
         )
         deadline = time.monotonic() + self.options.migration_wait_s
         tries = 0
         while True:
             try:
-                routed = place(resumed)
+                placement = self.placer.place(resumed)
                 break
-            except APIError as exc:
-                if exc.status != 503 or time.monotonic() >= deadline:
+            except UnavailableError as exc:
+                if time.monotonic() >= deadline:
                     self.metrics.migrations_refused.labels(original.model.name, "no_engine").inc()
-                    raise APIError(
+                    raise UnavailableError(
                         f"engine actor {lost} was lost and no other engine of model "
                         f"'{original.model.name}' took request {original.request_id} within "
                         f"{self.options.migration_wait_s:g} s ({exc.message}); it stopped "
                         f"after {progress.shown} tokens",
-                        status=503,
                         code="engine_lost",
                     ) from exc
                 await asyncio.sleep(_PLACE_RETRY_S[min(tries, len(_PLACE_RETRY_S) - 1)])
@@ -229,11 +210,11 @@ class RequestMigration:
             "request %s moved from lost actor %s to %s after %d tokens (move %d)",
             original.request_id,
             lost,
-            routed.actor.name,
+            placement.actor.name,
             progress.shown,
             moves,
         )
-        return routed
+        return placement
 
 
 def whole_request_usage(output: RequestOutput, progress: StreamProgress) -> RequestOutput:

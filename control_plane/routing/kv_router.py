@@ -20,8 +20,11 @@ Design decisions:
   (``OverloadThresholds``).
 - Every decision explains itself (``RoutingDecision``: each candidate's terms, the
   winner, the chooser's own time) and can be kept in a bounded ``DecisionLog``.
-- The prompt's block hashes are computed by the caller (``kv.hashing``), once per
-  request, with the seed the index uses.
+- The chooser is pure: the caller computes the prompt's block hashes (``kv.hashing``,
+  once per request, with the seed the index uses) and looks them up in its prefix
+  indices (``TieredMatchIndex``), and hands the chooser the overlaps; the chooser never
+  calls back into an index. Only ``kv`` reads them (``uses_overlaps``), so the others
+  skip the lookup.
 - Offload tiers: with an index that knows where each block is held
   (``TieredMatchIndex``), a block an actor holds in host memory counts as
   ``host_tier_weight`` (0.75) of a cached block, one on disk as ``disk_tier_weight``
@@ -36,9 +39,9 @@ import math
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 from dynask.kv.prefix_index import TierOverlap
 
@@ -60,7 +63,6 @@ class MatchIndex(Protocol):
     def find_matches(self, local_hashes: Sequence[int]) -> dict[str, int]: ...
 
 
-@runtime_checkable
 class TieredMatchIndex(Protocol):
     """A prefix index that also says in which tier each matched block is held."""
 
@@ -208,29 +210,37 @@ class KVRouter:
         self,
         config: RouterConfig | None = None,
         *,
-        index: MatchIndex | None = None,
         log: DecisionLog | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config or RouterConfig()
-        if self.config.mode == KV_MODE and index is None:
-            raise ValueError("router mode 'kv' needs a prefix index; pass index=...")
-        self.index = index
         self.log = log
         self._clock = clock
         self._random = random.Random(self.config.seed)
         self._turn = itertools.count()
 
+    @property
+    def uses_overlaps(self) -> bool:
+        """Whether ``choose`` reads the prefix overlaps (mode ``kv``); else pass none."""
+        return self.config.mode == KV_MODE
+
     def choose(
-        self, request_id: str, local_hashes: Sequence[int], candidates: Sequence[Candidate]
+        self,
+        request_id: str,
+        local_hashes: Sequence[int],
+        candidates: Sequence[Candidate],
+        overlaps: Mapping[str, TierOverlap] | None = None,
     ) -> RoutingDecision:
-        """Pick the actor for a prompt whose full blocks have ``local_hashes``.
+        """Pick the actor for a prompt whose full blocks have ``local_hashes``;
+        ``overlaps`` says, per actor, how many leading blocks of them it holds, by tier
+        (``TieredMatchIndex.find_tiered_matches``; missing actors hold none).
 
         Raises ``ValueError`` when there is no candidate or an actor appears twice.
         """
         started = time.perf_counter_ns()
         _check_candidates(candidates)
-        scores = self._score(local_hashes, candidates)
+        used = overlaps if overlaps is not None and self.uses_overlaps else {}
+        scores = self._score(local_hashes, candidates, used)
         winner = candidates[self._pick(candidates, scores)].actor
         compute_us = (time.perf_counter_ns() - started) / 1000
         config = self.config
@@ -249,9 +259,11 @@ class KVRouter:
         return decision
 
     def _score(
-        self, local_hashes: Sequence[int], candidates: Sequence[Candidate]
+        self,
+        local_hashes: Sequence[int],
+        candidates: Sequence[Candidate],
+        overlaps: Mapping[str, TierOverlap],
     ) -> tuple[CandidateScore, ...]:
-        overlaps = self._overlaps(local_hashes)
         weight, prompt_blocks = self.config.overlap_weight, len(local_hashes)
         scores = []
         for candidate in candidates:
@@ -278,14 +290,6 @@ class KVRouter:
                 )
             )
         return tuple(scores)
-
-    def _overlaps(self, local_hashes: Sequence[int]) -> dict[str, TierOverlap]:
-        index = self.index
-        if self.config.mode != KV_MODE or index is None or not local_hashes:
-            return {}
-        if isinstance(index, TieredMatchIndex):
-            return index.find_tiered_matches(local_hashes)
-        return {actor: TierOverlap(n) for actor, n in index.find_matches(local_hashes).items()}
 
     def _pick(self, candidates: Sequence[Candidate], scores: Sequence[CandidateScore]) -> int:
         mode = self.config.mode

@@ -3,10 +3,11 @@
 Design decisions:
 
 - One ``PrefixIndex`` per served model, keyed by actor name, fed through an
-  ``ActorKVSync`` per actor whose engine reports KV events (``info["kv_events"]``).
+  ``ActorKVSync`` per actor whose engine reports KV events (``info.kv_events``).
   Actors without (echo, python) go into an ``ApproxIndex`` instead: a prompt's blocks are
-  assumed cached on the actor it was routed to, for a TTL. ``find_matches`` merges the
-  two (their actors are disjoint), so the ``KVRouter`` sees one index.
+  assumed cached on the actor it was routed to, for a TTL. ``find_tiered_matches``
+  merges the two (their actors are disjoint); ``choose`` computes the overlaps there and
+  hands them to the ``KVRouter``, a pure chooser that never calls back.
 - Prompts are hashed in the block size of the model's first event-reporting actor (16
   when there is none). An actor with another block size is still served, but its blocks
   never match the prompt's hashes: its overlap is 0. The index under-reports then; it
@@ -113,10 +114,10 @@ class ModelRouting:
 
     def add_actor(self, handle: ActorHandle) -> None:
         """Starts following ``handle``'s KV events (from a dump), or its routed prompts."""
-        if not handle.info.get("kv_events"):
+        block_size = handle.info.kv_block_size
+        if not handle.info.kv_events or block_size is None:
             self._approx_actors.add(handle.name)
             return
-        block_size = int(handle.info["kv_block_size"])
         if self.block_size is None:
             self.block_size = block_size
         elif block_size != self.block_size:
@@ -198,7 +199,9 @@ class ModelRouting:
         if not eligible:
             raise OverloadedError(self._overload_message(candidates))
         hashes = self.local_hashes(prompt_ids)
-        decision = self._router(mode or self.options.mode).choose(request_id, hashes, eligible)
+        router = self._router(mode or self.options.mode)
+        overlaps = self.find_tiered_matches(hashes) if router.uses_overlaps and hashes else {}
+        decision = router.choose(request_id, hashes, eligible, overlaps)
         if decision.winner in self._approx_actors:
             self.approx.note_routed(decision.winner, hashes)
         winner = next(actor for actor in ready if actor.name == decision.winner)
@@ -227,7 +230,7 @@ class ModelRouting:
         router = self._routers.get(mode)
         if router is None:
             config = self.options.router_config(mode)
-            router = KVRouter(config, index=self, log=self.decisions)
+            router = KVRouter(config, log=self.decisions)
             self._routers[mode] = router
         return router
 

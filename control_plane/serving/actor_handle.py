@@ -6,6 +6,10 @@ consumed by ``generate``; a client that goes away aborts its request on the acto
 same connection carries the actor's KV events, handed to the ``listener`` (the model's
 ``kv_sync.ActorKVSync``), which also hears when the stream breaks. ``load`` counts the
 blocks of the requests in flight, for the router.
+
+The actor's own reports cross here once, typed: ``info`` is an ``ActorInfo``, ``stats``
+the latest ``EngineStats`` (None until the first refresh). Nothing past this module
+reads them by string key.
 """
 
 from __future__ import annotations
@@ -13,10 +17,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from dynask.actors.api.actor_info import ActorInfo
 from dynask.actors.api.outputs import RequestOutput
+from dynask.actors.api.sampling_params import SamplingParams
+from dynask.actors.api.stats import EngineStats
 from dynask.actors.runtime.token_stream import (
     KIND_KV_EVENTS,
     KIND_OUTPUTS,
@@ -52,8 +59,8 @@ class ActorHandle:
     name: str
     deployment: str
     proxy: Any  # distributed.Actor
-    info: dict[str, Any]
-    stats: dict[str, Any] = field(default_factory=dict)
+    info: ActorInfo
+    stats: EngineStats | None = None  # the latest ``refresh_stats``
     listener: StreamListener | None = None
     role: str = "aggregated"  # or "prefill" / "decode" (disagg_orchestrator)
     load: ActorLoad = field(init=False)
@@ -65,7 +72,7 @@ class ActorHandle:
     lost_reason: str | None = None  # how the loss was noticed; "stream_closed" for EOF
 
     def __post_init__(self) -> None:
-        self.load = ActorLoad(int(self.info.get("kv_block_size") or DEFAULT_BLOCK_SIZE))
+        self.load = ActorLoad(self.info.kv_block_size or DEFAULT_BLOCK_SIZE)
         self._batcher = SubmitBatcher(self.proxy, self.name)
 
     @property
@@ -75,14 +82,14 @@ class ActorHandle:
 
     @property
     def max_model_len(self) -> int:
-        return int(self.info["max_model_len"])
+        return self.info.max_model_len
 
     @property
     def worker(self) -> str:
-        return str(self.info["worker"])
+        return self.info.worker
 
     async def connect(self) -> None:
-        host, port = str(self.info["stream_address"]).rsplit(":", 1)
+        host, port = self.info.stream_address.rsplit(":", 1)
         reader, self._writer = await asyncio.open_connection(host, int(port))
         self._reader_task = asyncio.create_task(self._read(reader), name=f"stream-{self.name}")
 
@@ -134,7 +141,7 @@ class ActorHandle:
         self,
         request_id: str,
         prompt: list[int],
-        params: dict[str, Any],
+        params: SamplingParams,
         submit: Callable[[bytes], Awaitable[None]] | None = None,
     ) -> AsyncIterator[list[RequestOutput]]:
         """Submits a request and yields its deltas, in order, until the final one.
@@ -143,21 +150,18 @@ class ActorHandle:
         arrive between two turns of the event loop, and a caller that writes them in one
         go (one SSE write, not one per token) spends much less CPU per request.
 
-        The request counts in ``load`` until it ends: from ``reserve`` (the router's
-        choice) if it was reserved, else from here. ``submit`` replaces the batched
+        A request counted in ``load`` (``reserve``, by whoever placed it, who also
+        releases it) advances there as its tokens arrive. ``submit`` replaces the batched
         submission (``DisaggOrchestrator.submitter`` hands a disaggregated request over).
         """
         if self.broken:
-            self.load.release(request_id)
             raise ActorUnavailableError(f"engine actor {self.name} is unavailable")
         queue: asyncio.Queue[RequestOutput | None] = asyncio.Queue()
         self._queues[request_id] = queue
-        if request_id not in self.load:
-            self.load.admit(request_id, len(prompt))
         finished = False
         submitted: asyncio.Future[None] | None = None
         try:
-            packed = pack_request(request_id, prompt, params)
+            packed = pack_request(request_id, prompt, asdict(params))
             if submit is None:
                 submitted = self._batcher.submit(packed)
             else:
@@ -174,7 +178,6 @@ class ActorHandle:
                 self.load.advance(request_id, sum(len(o.token_ids) for o in outputs))
                 yield outputs
         finally:
-            self.load.release(request_id)
             del self._queues[request_id]
             if not finished and not self.broken and submitted is not None:
                 await self._abort_if_submitted(request_id, submitted)
@@ -194,7 +197,7 @@ class ActorHandle:
 
     def reserve(self, request_id: str, prompt_tokens: int, cached_tokens: int) -> None:
         """Counts a routed request in ``load`` before ``generate`` starts it, so requests
-        routed meanwhile see it; ``load.release`` undoes it if it never starts."""
+        routed meanwhile see it; its placer releases it (``load.release``)."""
         self.load.admit(request_id, prompt_tokens, cached_tokens)
 
     async def _abort_if_submitted(self, request_id: str, submitted: asyncio.Future[None]) -> None:
@@ -211,8 +214,10 @@ class ActorHandle:
         except Exception as exc:  # the request is gone either way; say why in the log
             log.warning("abort of %s on %s failed: %s", request_id, self.name, exc)
 
-    async def refresh_stats(self) -> dict[str, Any]:
-        self.stats = dict(await asyncio.wait_for(self.proxy.stats(), CALL_TIMEOUT_S))
+    async def refresh_stats(self) -> EngineStats:
+        self.stats = EngineStats.from_dict(
+            await asyncio.wait_for(self.proxy.stats(), CALL_TIMEOUT_S)
+        )
         return self.stats
 
     async def close(self) -> None:

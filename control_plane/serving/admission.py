@@ -11,8 +11,8 @@ Design decisions:
   with the router; these are what keeps the whole server's queues from growing without
   bound whatever the routing mode.
 - A request leaves the prefill queue at its first delta (``prefill_done``) and leaves
-  admission when it ends (``release``); both are idempotent, so every path that ends a
-  request may call them. A migrated request keeps its place: it was already admitted.
+  admission when it ends (``release``); its owner (``AdmittedRequest``) calls them. A
+  migrated request keeps its place: it was already admitted.
 - Counting is O(1) per event, on the event loop; nothing here awaits.
 """
 
@@ -20,12 +20,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dynask.control_plane.serving.errors import UnavailableError
 
-class AdmissionRefusedError(RuntimeError):
+RETRY_AFTER_S = 1
+
+
+class AdmissionRefusedError(UnavailableError):
     """The server is at one of its admission limits; the message says which."""
 
     def __init__(self, message: str, limit: str) -> None:
-        super().__init__(message)
+        super().__init__(message, code="overloaded", retry_after_s=RETRY_AFTER_S)
         self.limit = limit  # "in_flight" or "prefill_tokens"
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from dynask.actors.api.stats import EngineStats
 from dynask.control_plane.serving.latency_window import LatencyWindow
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -168,18 +169,18 @@ class ServingMetrics:
         if seen[0]:
             self.kv_hit_rate.labels(model).set(seen[1] / seen[0])
 
-    def observe_actor(self, actor: str, stats: dict[str, float]) -> None:
-        self.actor_running.labels(actor).set(stats.get("num_running", 0))
-        self.actor_waiting.labels(actor).set(stats.get("num_waiting", 0))
-        self.actor_kv_usage.labels(actor).set(stats.get("kv_usage", 0.0))
-        self.actor_prefix_hit_rate.labels(actor).set(stats.get("prefix_hit_rate", 0.0))
-        self.actor_kv_tier_hit_rate.labels(actor, "device").set(stats.get("device_hit_rate", 0.0))
+    def observe_actor(self, actor: str, stats: EngineStats) -> None:
+        self.actor_running.labels(actor).set(stats.num_running)
+        self.actor_waiting.labels(actor).set(stats.num_waiting)
+        self.actor_kv_usage.labels(actor).set(stats.kv_usage)
+        self.actor_prefix_hit_rate.labels(actor).set(stats.prefix_hit_rate)
+        self.actor_kv_tier_hit_rate.labels(actor, "device").set(stats.device_hit_rate)
         for tier in ("host", "disk"):
-            capacity = stats.get(f"{tier}_kv_capacity_blocks", 0)
+            blocks, capacity, hit_rate = stats.tier(tier)
             if capacity:  # only engines with that tier
                 self.actor_kv_tier_capacity.labels(actor, tier).set(capacity)
-                self.actor_kv_tier_blocks.labels(actor, tier).set(stats[f"{tier}_kv_blocks"])
-                self.actor_kv_tier_hit_rate.labels(actor, tier).set(stats[f"{tier}_hit_rate"])
+                self.actor_kv_tier_blocks.labels(actor, tier).set(blocks)
+                self.actor_kv_tier_hit_rate.labels(actor, tier).set(hit_rate)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -21,10 +21,11 @@ import openai
 import uvicorn
 from distributed import Client, LocalCluster
 
+from dynask.actors.api.actor_info import ActorInfo
 from dynask.actors.runtime.engine_actor import EngineActor
 from dynask.actors.runtime.engine_factory import EngineSpec
 from dynask.control_plane.api.app import build_app
-from dynask.control_plane.disagg.orchestrator import KV_TRANSFER_ADDRESS, DisaggOptions
+from dynask.control_plane.disagg.orchestrator import DisaggOptions
 from dynask.control_plane.reliability.options import ReliabilityOptions
 from dynask.control_plane.routing.model_routing import ModelRouting, RoutingOptions
 from dynask.control_plane.serving.actor_handle import ActorHandle
@@ -92,11 +93,12 @@ async def connect_service(
     service = ServingService(ServingMetrics(), routing, disagg, reliability)
     handles = []
     for proxy, role in zip(proxies, roles or ["aggregated"] * len(proxies), strict=True):
-        info = await proxy.start()  # idempotent: a running actor answers with its info
+        # idempotent: a running actor answers with its info
+        info = ActorInfo.from_dict(await proxy.start())
         if role != "aggregated":
             transport = service.disagg.options.transport
-            info = {**info, KV_TRANSFER_ADDRESS: await proxy.open_kv_transfer(transport)}
-        handle = ActorHandle(name=info["name"], deployment="d", proxy=proxy, info=info, role=role)
+            info = info.with_kv_transfer(await proxy.open_kv_transfer(transport))
+        handle = ActorHandle(name=info.name, deployment="d", proxy=proxy, info=info, role=role)
         await handle.connect()
         service.add_actor(MODEL, handle)
         handles.append(handle)

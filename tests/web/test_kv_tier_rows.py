@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from starlette.requests import Request
 
+from dynask.actors.api.stats import EngineStats
 from dynask.web.snapshot import ActorRow, TierRow, tier_rows
 from dynask.web.templating import Renderer
 
-STATS = {
-    "host_kv_blocks": 30,
-    "host_kv_capacity_blocks": 120,
-    "host_hit_rate": 0.5,
-    "disk_kv_blocks": 0,
-    "disk_kv_capacity_blocks": 0,  # no disk tier
-    "disk_hit_rate": 0.0,
-}
+IDLE = EngineStats.load_only(num_running=0, steps=0, prompt_tokens=0, generated_tokens=0)
+STATS = replace(  # no disk tier
+    IDLE,
+    prefix_queried_tokens=200,
+    prefix_hit_tokens=100,
+    host_kv_blocks=30,
+    host_kv_capacity_blocks=120,
+    host_hit_tokens=100,
+)
 
 
 def test_tier_rows_come_from_the_engine_stats() -> None:
     assert tier_rows(STATS) == (TierRow("host", 0.25, 0.5),)
-    assert tier_rows({"num_kv_blocks": 8}) == ()
+    assert tier_rows(replace(IDLE, num_kv_blocks=8)) == ()
 
 
 def test_an_actor_row_renders_its_tiers() -> None:

@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 from distributed import Client, LocalCluster
 
+from dynask.actors.api.actor_info import ActorInfo
 from dynask.actors.api.outputs import FinishReason, RequestOutput, Usage
+from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.runtime.engine_actor import EngineActor
 from dynask.actors.runtime.engine_factory import EngineSpec
 from dynask.actors.runtime.token_stream import (
@@ -33,7 +35,7 @@ def _with_actor(spec: EngineSpec, body: Callable[[ActorHandle], Awaitable[None]]
             Client(cluster, asynchronous=True, direct_to_workers=True) as client,
         ):
             proxy = await client.submit(EngineActor, spec, "actor-0", actor=True)
-            info = await proxy.start()
+            info = ActorInfo.from_dict(await proxy.start())
             handle = ActorHandle(name="actor-0", deployment="d", proxy=proxy, info=info)
             await handle.connect()
             try:
@@ -55,9 +57,9 @@ def test_echo_actor_streams_the_prompt_back(smollm2_folder: Path) -> None:
     prompt = _tokenizer(smollm2_folder).encode("The quick brown fox jumps")
 
     async def body(handle: ActorHandle) -> None:
-        assert handle.info["stream_address"].startswith("127.0.0.1:")
-        assert "tokenizer.json" in handle.info["tokenizer_files"]
-        batches = [b async for b in handle.generate("r1", prompt, {"max_tokens": 50})]
+        assert handle.info.stream_address.startswith("127.0.0.1:")
+        assert "tokenizer.json" in handle.info.tokenizer_files
+        batches = [b async for b in handle.generate("r1", prompt, SamplingParams(max_tokens=50))]
         outputs = [o for batch in batches for o in batch]
         assert [t for o in outputs for t in o.token_ids] == prompt
         assert "".join(o.text for o in outputs) == "The quick brown fox jumps"
@@ -85,7 +87,7 @@ def test_leaving_a_stream_early_aborts_and_frees_blocks(smollm2_folder: Path) ->
 
     async def body(handle: ActorHandle) -> None:
         stream = handle.generate(
-            "r1", list(range(100, 140)), {"max_tokens": 500, "ignore_eos": True}
+            "r1", list(range(100, 140)), SamplingParams(max_tokens=500, ignore_eos=True)
         )
         received = 0
         async for _ in stream:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dynask.actors.api.outputs import FinishReason, RequestOutput, Usage
+from dynask.actors.api.sampling_params import SamplingParams
 from dynask.control_plane.reliability.migration import (
     StreamProgress,
-    is_greedy,
     whole_request_usage,
 )
 
@@ -44,10 +44,10 @@ def test_text_after_held_back_tokens_moves_the_resume_point_past_them() -> None:
 
 
 def test_greedy_means_temperature_zero_or_top_k_one() -> None:
-    assert is_greedy({"temperature": 0.0})
-    assert is_greedy({"temperature": 0.7, "top_k": 1})
-    assert not is_greedy({"temperature": 0.7, "seed": 3})
-    assert not is_greedy({})  # SamplingParams' default temperature is 1
+    assert SamplingParams(temperature=0.0).greedy
+    assert SamplingParams(temperature=0.7, top_k=1).greedy
+    assert not SamplingParams(temperature=0.7, seed=3).greedy
+    assert not SamplingParams().greedy  # the default temperature is 1
 
 
 def test_a_resumed_requests_usage_counts_the_whole_request() -> None:

@@ -83,6 +83,32 @@ def test_batch_file_results_are_written_beside_it(tiny_llama_folder: Path, tmp_p
     )
 
 
+@pytest.mark.slow  # a cluster of one worker process
+def test_batch_runs_any_engine_through_the_serving_pipeline(
+    smollm2_folder: Path, tmp_path: Path
+) -> None:
+    batch = tmp_path / "echo.jsonl"
+    lines = ["The quick brown fox", "jumps over the lazy dog"]
+    batch.write_text("".join(json.dumps({"prompt": p, "max_tokens": 50}) + "\n" for p in lines))
+
+    done = subprocess.run(
+        [*DYNASK, "run", str(smollm2_folder), "out=echo", f"in=batch:{batch}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+    assert done.returncode == 0, done.stderr
+    results = [
+        json.loads(line) for line in (tmp_path / "echo.results.jsonl").read_text().splitlines()
+    ]
+    assert [(r["line"], r["text"], r["finish_reason"]) for r in results] == [
+        (1, lines[0], "stop"),
+        (2, lines[1], "stop"),
+    ]
+    assert [r["prompt_tokens"] for r in results] == [r["completion_tokens"] for r in results]
+
+
 def test_batch_file_with_a_bad_line_names_the_line(tiny_llama_folder: Path, tmp_path: Path) -> None:
     batch = tmp_path / "bad.jsonl"
     batch.write_text('{"prompt": "ok"}\n{"text": "no prompt"}\n')

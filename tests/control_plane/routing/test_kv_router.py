@@ -15,25 +15,28 @@ from dynask.control_plane.routing.kv_router import (
     KVRouter,
     OverloadThresholds,
     RouterConfig,
+    RoutingDecision,
 )
+from dynask.kv.prefix_index import TierOverlap
 
 PROMPT = [101, 102, 103, 104]  # local hashes of a four-block prompt
 
 
-class FixedIndex:
-    """A prefix index that answers every query with the same overlaps."""
+class FixedOverlaps:
+    """A router whose every prompt meets the same prefix overlaps (device blocks)."""
 
-    def __init__(self, overlaps: dict[str, int]) -> None:
-        self.overlaps = overlaps
-        self.queries: list[list[int]] = []
+    def __init__(self, overlaps: dict[str, int], router: KVRouter) -> None:
+        self.overlaps = {actor: TierOverlap(blocks) for actor, blocks in overlaps.items()}
+        self.router = router
 
-    def find_matches(self, local_hashes: Sequence[int]) -> dict[str, int]:
-        self.queries.append(list(local_hashes))
-        return dict(self.overlaps)
+    def choose(
+        self, request_id: str, local_hashes: Sequence[int], candidates: Sequence[Candidate]
+    ) -> RoutingDecision:
+        return self.router.choose(request_id, local_hashes, candidates, self.overlaps)
 
 
-def kv_router(overlaps: dict[str, int], **config) -> KVRouter:
-    return KVRouter(RouterConfig(**config), index=FixedIndex(overlaps), clock=lambda: 1700.0)
+def kv_router(overlaps: dict[str, int], **config) -> FixedOverlaps:
+    return FixedOverlaps(overlaps, KVRouter(RouterConfig(**config), clock=lambda: 1700.0))
 
 
 def test_the_actor_holding_the_prefix_wins() -> None:
@@ -136,15 +139,14 @@ def test_temperature_sampling_is_reproducible_and_prefers_low_cost() -> None:
     assert kv_router({}, temperature=0.5).choose("r", [], candidates).scores[0].cost == 0.0
 
 
-def test_least_loaded_ignores_the_prefix_index() -> None:
-    index = FixedIndex({"w0": 4})
-    router = KVRouter(RouterConfig(mode="least-loaded"), index=index)
+def test_least_loaded_ignores_the_prefix_overlaps() -> None:
+    router = kv_router({"w0": 4}, mode="least-loaded")
     busy, idle = Candidate("w0", active_decode_blocks=1), Candidate("w1")
     decision = router.choose("r", PROMPT, [busy, idle])
 
     assert decision.winner == "w1"
     assert [s.overlap_blocks for s in decision.scores] == [0, 0]
-    assert index.queries == []
+    assert not router.router.uses_overlaps  # so ModelRouting skips the index lookup
 
 
 def test_round_robin_and_random_modes() -> None:
@@ -198,7 +200,6 @@ def test_overload_thresholds() -> None:
         (lambda: RouterConfig(mode="fastest"), "RouterConfig.mode has value 'fastest'; use one of"),
         (lambda: RouterConfig(overlap_weight=-1), "overlap_weight has value -1"),
         (lambda: RouterConfig(temperature=float("inf")), "temperature has value inf"),
-        (lambda: KVRouter(RouterConfig()), "router mode 'kv' needs a prefix index"),
         (lambda: Candidate(""), "Candidate.actor has value ''"),
         (lambda: Candidate("w0", queue_length=-1), "Candidate.queue_length has value -1"),
         (lambda: Candidate("w0", cached_blocks=True), "Candidate.cached_blocks has value True"),

@@ -24,16 +24,20 @@ def index_with(holders: dict[str, KVTier]) -> PrefixIndex:
 
 
 def choose(index: PrefixIndex, actors: list[str]) -> dict[str, tuple[int, int, float]]:
-    router = KVRouter(RouterConfig(), index=index)
-    decision = router.choose("r", locals_of(TOKENS), [Candidate(a) for a in actors])
+    hashes = locals_of(TOKENS)
+    decision = KVRouter(RouterConfig()).choose(
+        "r", hashes, [Candidate(a) for a in actors], index.find_tiered_matches(hashes)
+    )
     return {s.actor: (s.overlap_blocks, s.disk_overlap_blocks, s.cost) for s in decision.scores}
 
 
 def test_device_beats_disk_at_equal_overlap_whatever_the_order() -> None:
     index = index_with({"on-disk": KVTier.DISK, "on-device": KVTier.DEVICE})
     for actors in (["on-disk", "on-device"], ["on-device", "on-disk"]):
-        router = KVRouter(RouterConfig(), index=index)
-        decision = router.choose("r", locals_of(TOKENS), [Candidate(a) for a in actors])
+        hashes = locals_of(TOKENS)
+        decision = KVRouter(RouterConfig()).choose(
+            "r", hashes, [Candidate(a) for a in actors], index.find_tiered_matches(hashes)
+        )
         assert decision.winner == "on-device"
     # 4 blocks; disk hits are worth 0.25 of a device hit: 4 * 0.75 of the prefill remains.
     assert choose(index, ["on-disk", "on-device"]) == {
@@ -54,16 +58,21 @@ def test_tier_weights_are_checked() -> None:
 
 
 def test_tier_gauges_appear_only_for_the_tiers_an_engine_has() -> None:
+    from dataclasses import replace
+
+    from dynask.actors.api.stats import EngineStats
     from dynask.control_plane.serving.metrics import ServingMetrics
 
     metrics = ServingMetrics()
-    stats = {
-        "host_kv_blocks": 3,
-        "host_kv_capacity_blocks": 12,
-        "host_hit_rate": 0.25,
-        "disk_kv_capacity_blocks": 0,
-        "device_hit_rate": 0.5,
-    }
+    idle = EngineStats.load_only(num_running=0, steps=0, prompt_tokens=0, generated_tokens=0)
+    stats = replace(  # 25 of 100 prompt tokens from host memory, 50 from the device
+        idle,
+        prefix_queried_tokens=100,
+        prefix_hit_tokens=75,
+        host_kv_blocks=3,
+        host_kv_capacity_blocks=12,
+        host_hit_tokens=25,
+    )
     metrics.observe_actor("a", stats)
     text = metrics.render().decode()
     assert 'dynask_actor_kv_tier_blocks{actor="a",tier="host"} 3.0' in text

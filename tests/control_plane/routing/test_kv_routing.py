@@ -15,6 +15,7 @@ from typing import Any
 import openai
 import pytest
 
+from dynask.actors.api.sampling_params import SamplingParams
 from dynask.control_plane.routing.model_routing import RoutingOptions
 from tests.control_plane.routing_stack import (
     MODEL,
@@ -109,7 +110,7 @@ def test_lost_events_are_found_by_their_ids_and_resynced_from_a_dump(
 
         # The holder's next events start at id 11: the index sees the gap and resyncs.
         later = tokens(seed=4, blocks=3)
-        params = {"max_tokens": 2, "ignore_eos": True}
+        params = SamplingParams(max_tokens=2, ignore_eos=True)
         _ = [o async for o in stack.handle(holder).generate("direct-1", later, params)]
         await routing.wait_synced()
 

@@ -1,0 +1,64 @@
+"""What an engine actor reports about itself: ``ActorInfo``, decoded once at the boundary.
+
+``EngineActor.start`` answers with a plain dict (it crosses the Dask wire, and an actor
+adopted from an earlier control plane answers with the one it made then). The control
+plane turns it into an ``ActorInfo`` once, in ``ActorHandle``; everything after reads
+attributes, so a field renamed on one side fails loudly here instead of showing 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ActorInfo:
+    """One engine actor's identity, limits and addresses."""
+
+    name: str
+    stream_address: str  # host:port of its token stream (``token_stream``)
+    max_model_len: int
+    engine: str  # the ``out=`` kind: torch, vllm, mocker, echo, python
+    model: str | None  # the model argument it loaded (None: the bundled one)
+    worker: str  # the Dask worker's address ("local" outside a worker)
+    kv_events: bool = False  # False: no prefix cache to follow; route approximately
+    kv_block_size: int | None = None  # None for engines without a KV cache
+    tokenizer_files: dict[str, bytes] = field(default_factory=dict, repr=False)
+    kv_transfer_address: str | None = None  # set once a prefill/decode listener is open
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"ActorInfo 'name' has value {self.name!r}; expected a non-empty str")
+        if ":" not in str(self.stream_address):
+            raise ValueError(
+                f"ActorInfo 'stream_address' has value {self.stream_address!r}; expected host:port"
+            )
+        for name in ("max_model_len", "kv_block_size"):
+            value = getattr(self, name)
+            if value is None and name == "kv_block_size":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"ActorInfo '{name}' has value {value!r}; expected an int >= 1")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ActorInfo:
+        """Decodes ``EngineActor.start``'s answer; a missing or unknown key is an error
+        that names it (the two sides disagree about the boundary)."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(
+                f"engine actor info has unknown fields {unknown}; known: {sorted(known)}"
+            )
+        try:
+            return cls(**data)
+        except TypeError as exc:  # a required field is missing
+            raise ValueError(f"engine actor info is incomplete: {exc}") from exc
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def with_kv_transfer(self, address: str) -> ActorInfo:
+        """This info with the address of the actor's KV transfer listener."""
+        return replace(self, kv_transfer_address=address)

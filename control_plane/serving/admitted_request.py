@@ -1,0 +1,101 @@
+"""``AdmittedRequest``: the one owner of everything an admitted request holds.
+
+A request, once admitted, holds three things: its admission slot (``Admission``: the
+in-flight count and its queued prefill tokens), its count in its actor's load and, when
+disaggregated, its prefill plan (the last two in a ``Placement``). They are taken in
+``admit`` and given back by ``release``, exactly once, whatever path the request ends on:
+it finished, its client went away, its engine failed, it was refused on the way, or it
+moved to another actor (``move_to`` gives back the old placement as it takes the new).
+
+Use it as a context manager (``with admitted: ...``); ``release`` may also be called on
+its own (a streamed response whose body never started) and is a no-op the second time.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+
+from dynask.control_plane.serving.actor_handle import ActorHandle
+from dynask.control_plane.serving.admission import Admission
+from dynask.control_plane.serving.placer import Placement, Placer
+from dynask.control_plane.serving.request import PreparedRequest
+
+
+class AdmittedRequest:
+    """An admitted request and what it holds; see the module docstring."""
+
+    def __init__(self, prepared: PreparedRequest, admission: Admission) -> None:
+        self.prepared = prepared
+        self._admission = admission
+        self._placement: Placement | None = None
+        self._released = False
+
+    @classmethod
+    def admit(
+        cls, prepared: PreparedRequest, admission: Admission, placer: Placer
+    ) -> AdmittedRequest:
+        """Takes the request's admission slot, then places it; raises the
+        ``AdmissionRefusedError`` or ``UnavailableError`` that refused it (holding
+        nothing then)."""
+        admission.admit(prepared.request_id, len(prepared.prompt_ids))
+        admitted = cls(prepared, admission)
+        try:
+            admitted._placement = placer.place(prepared)
+        except BaseException:
+            admitted.release()
+            raise
+        return admitted
+
+    @property
+    def request_id(self) -> str:
+        return self.prepared.request_id
+
+    @property
+    def placement(self) -> Placement:
+        if self._placement is None:
+            raise RuntimeError(f"request {self.request_id} has no placement")
+        return self._placement
+
+    @property
+    def actor(self) -> ActorHandle:
+        return self.placement.actor
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def first_token(self) -> None:
+        """Its first delta arrived: its prompt no longer waits for prefill."""
+        self._admission.prefill_done(self.request_id)
+
+    def leave_actor(self) -> None:
+        """Its actor was lost: uncount it there now, before it is placed again."""
+        if self._placement is not None:
+            self._placement.release()
+
+    def move_to(self, placement: Placement) -> None:
+        """Continues on ``placement`` (a migration), giving back the previous one."""
+        if self._released:
+            placement.release()
+            raise RuntimeError(f"request {self.request_id} has ended; it cannot move")
+        self.leave_actor()
+        self._placement = placement
+
+    def release(self) -> None:
+        """Gives back the placement and the admission slot; only the first call acts."""
+        if self._released:
+            return
+        self._released = True
+        self.leave_actor()
+        self._admission.release(self.request_id)
+
+    def __enter__(self) -> AdmittedRequest:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.release()

@@ -1,0 +1,66 @@
+"""The request types of the serving pipeline: asked for, then prepared for an actor.
+
+``GenerationRequest`` is what a front end asks for (the HTTP layer builds it from an
+OpenAI body in ``api/request_schema``; ``in=text`` and ``in=batch`` build it directly).
+``PreparedRequest`` is it tokenized and checked against its model, with its sampling
+parameters built and validated once. ``ServedModel`` is a model and its actors.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from dynask.actors.api.sampling_params import SamplingParams
+from dynask.control_plane.disagg.orchestrator import PREFILL_ROLE
+from dynask.control_plane.routing.model_routing import ModelRouting
+from dynask.control_plane.serving.actor_handle import ActorHandle
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What the control plane needs from a chat or completions request."""
+
+    model: str
+    messages: list[dict[str, Any]] | None  # chat
+    prompt: str | list[int] | None  # completions
+    max_tokens: int | None
+    sampling: dict[str, Any]  # keyword arguments of SamplingParams (without max_tokens)
+    stream: bool
+    include_usage: bool
+    router_mode: str | None = None  # None: the server's default
+
+
+@dataclass
+class ServedModel:
+    name: str
+    tokenizer: Any
+    routing: ModelRouting
+    actors: list[ActorHandle] = field(default_factory=list)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def max_model_len(self) -> int:
+        return min(a.max_model_len for a in self.actors) if self.actors else 0
+
+    @property
+    def prefill_actors(self) -> list[ActorHandle]:
+        return [a for a in self.actors if a.role == PREFILL_ROLE]
+
+    @property
+    def serving_actors(self) -> list[ActorHandle]:
+        """The actors requests are routed to: all but the prefill-only ones (or, if a
+        model has nothing else, those too, prefilling and decoding by themselves)."""
+        return [a for a in self.actors if a.role != PREFILL_ROLE] or self.actors
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A validated request turned into what an actor takes."""
+
+    request_id: str
+    model: ServedModel
+    prompt_ids: list[int]
+    params: SamplingParams  # built and validated once, by ``ServingService.prepare``
+    router_mode: str | None = None  # the request's own choice; None: the server's

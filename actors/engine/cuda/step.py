@@ -5,9 +5,12 @@ Design decisions:
 * Every per-step host array (token ids, positions, KV slots; decode lengths and block
   tables) is built in Python lists and crosses to the GPU as one pinned buffer per dtype
   with ``non_blocking`` copies: two small transfers a step, no synchronisation.
-* Decode rows read the KV blocks in place (``PagedDecode``); prefill chunks with a cached
-  prefix go to the paged prefill kernel in one launch; first chunks attend to their own
-  fresh keys with SDPA (flash attention).
+* Decode rows read the KV blocks in place (``PagedDecode``); prefill chunks go to the
+  paged prefill kernel in one launch, except a step's only chunk when it is fresh (no
+  cached prefix, no decode rows beside it), which attends to its own keys with SDPA
+  (flash attention, the fastest for one long prompt). One launch per layer for all
+  chunks of a mixed step instead of one SDPA call each: eager mixed steps are bound by
+  the host's launches.
 * A decode-only step of ``n`` rows replays the graph captured for the smallest bucket
   ``>= n`` (1, 2, 4, 8, then steps of 8 up to 64, then of 32, up to ``max_num_seqs``).
   Rows past ``n`` are padding: length 0 (the kernel skips them), position 0, and their
@@ -85,11 +88,15 @@ def build_cuda_inputs(plan: StepPlan, layout: CudaLayout, device: torch.device) 
         tables = to_device([block_row(t, width) for t in decode_tables], torch.int32, device)
         splits = decode_splits(len(decode_tables), layout.num_kv_heads, layout.num_sms)
         meta.paged_decode = PagedDecode(tables, lengths, splits)
-    cached = [span for span in plan.prefills if span.num_cached > 0]
+    # A lone fresh chunk goes to flash attention (fastest for long prompts); in a step that
+    # mixes decode rows or several chunks every chunk goes to the one paged prefill launch
+    # (its keys are in the cache already): one launch per layer instead of one per chunk.
+    lone = not decode_tables and len(plan.prefills) == 1
+    cached = [span for span in plan.prefills if span.num_cached > 0 or not lone]
     meta.prefills = [
         PrefillChunk(span.first_row, span.first_row + span.num_new, 0, None)
         for span in plan.prefills
-        if span.num_cached == 0
+        if span.num_cached == 0 and lone
     ]
     if cached:
         width = max(ceil_div(s.num_cached + s.num_new, layout.block_size) for s in cached)

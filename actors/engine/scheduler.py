@@ -70,10 +70,6 @@ class PrefixCacheCounters:
     queried_tokens: int = 0
     hit_tokens: int = 0
 
-    @property
-    def hit_rate(self) -> float:
-        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
-
 
 @dataclass
 class _Budget:

@@ -109,7 +109,7 @@ def profile_mixed_steps(engine: Any, batch: int) -> None:
 def main() -> None:
     config, _ = parse_args([*sys.argv[1:], "--skip-hf", "--device", "cuda"])
     engine, _ = bench.build_engine(config)
-    runner = engine.parts.runner
+    runner: Any = engine.parts.runner
     if config.batches == (64,):
         bench.warm_up(engine, None, 512)
         profile_mixed_steps(engine, 64)

@@ -244,7 +244,9 @@ def measure_batch(
     hf_runs: list[HFRun] = []
     with_hf = hf_model is not None and (config.hf_batches is None or batch in config.hf_batches)
     for repeat in range(config.repeats):
-        prompts = random_prompts(batch, config.prompt_len, SEED + 1_000 * batch + repeat)
+        # Fresh prompts per repeat and per burst pass: a repeated prompt hits the prefix cache.
+        seed = SEED + 1_000 * batch + repeat + (100_000 * burst if burst > 1 else 0)
+        prompts = random_prompts(batch, config.prompt_len, seed)
         ours_runs.append(run_ours(engine, prompts, config.new_tokens))
         if with_hf:
             hf_runs.append(run_hf(hf_model, prompts, config.new_tokens))

@@ -197,7 +197,7 @@ def run_long_prefix(
     question = random_tokens(rng, args.question_len)
     per_request = ceil_div(args.long_len + args.question_len + args.new_tokens, BLOCK)
     nbytes = block_bytes(loaded)
-    tiers = {
+    tiers: dict[str, dict[str, Any]] = {
         "host": {"kv_host_gb": 1.05 * per_request * nbytes / GB},
         "disk": {
             "kv_disk_gb": 2.2 * per_request * nbytes / GB,

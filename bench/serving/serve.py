@@ -79,7 +79,7 @@ DYNAMO_SCRIPTS = REPO.parent / "shared" / "peers" / "dynamo"
 DYNAMO_SETUP_TIMEOUT_S = 900.0
 SCENARIOS = ("mocker", "torch", "vllm")
 MOCKER_ARGS = {"speedup_ratio": 0}  # no simulated model time: the control plane's ceiling
-TORCH_ARGS = {"kv_cache_gib": 1}
+TORCH_ARGS: dict[str, Any] = {"kv_cache_gib": 1}
 VLLM_ARGS = {"kv_cache_gib": 1}  # out=vllm: vLLM's CPU build, float32, eager
 IDLE_WINDOW_S = 3.0
 ENGINE_THREADS = 1  # the worker runs with --nthreads 1, and its engine gives torch as many

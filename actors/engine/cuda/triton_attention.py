@@ -45,20 +45,6 @@ def next_power_of_2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def supports(head_dim: int, dtype: torch.dtype) -> bool:
-    """Whether the kernels handle this shape (head_dim a power of 2, 16..256)."""
-    return (
-        head_dim == next_power_of_2(head_dim)
-        and 16 <= head_dim <= 256
-        and dtype
-        in (
-            torch.float32,
-            torch.bfloat16,
-            torch.float16,
-        )
-    )
-
-
 def load_kernels() -> Any:
     """The kernel module, compiled on first use; raises ImportError without Triton."""
     return importlib.import_module("dynask.actors.engine.cuda.triton_kernels")

@@ -44,7 +44,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 
 typecheck: $(STAMP) .mypy_path/dynask
-	$(VENV)/bin/mypy -p dynask.kv -p dynask.actors -p dynask.control_plane -p dynask.web
+	$(VENV)/bin/mypy -p dynask.kv -p dynask.actors -p dynask.control_plane -p dynask.web -p bench
 
 pytest: $(STAMP)
 	$(VENV)/bin/pytest
@@ -52,7 +52,7 @@ pytest: $(STAMP)
 test: lint typecheck pytest
 
 bench: $(STAMP)
-	$(PY) bench/engine.py
+	$(PY) -m bench.engine.throughput
 
 clean:
 	rm -rf $(VENV) .mypy_path .mypy_cache .pytest_cache .ruff_cache dynask.egg-info

@@ -48,3 +48,8 @@ class Block:
         """Drop the prefix-cache identity (on eviction or cache reset)."""
         self.block_hash = None
         self.token_ids = None
+
+
+def ceil_div(a: int, b: int) -> int:
+    """``a / b`` rounded up, for non-negative ``a`` and positive ``b`` (blocks for tokens)."""
+    return -(-a // b)

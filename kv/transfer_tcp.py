@@ -8,7 +8,8 @@ two transfers never interleave on it. CUDA tensors are copied to host memory fir
 
 Why raw non-blocking sockets and not asyncio streams: a ``StreamReader`` copies every
 chunk into its own buffer and again into ours; ``sock_recv_into`` writes into the
-destination directly (``bench/disagg.py`` compares both against a blocking raw socket).
+destination directly (``bench.disaggregation.modes`` compares both against a blocking raw
+socket).
 """
 
 from __future__ import annotations

@@ -182,6 +182,13 @@ class SimulatedRunner:
             self._sleep(seconds)
         return [self._draw(c.seq) if c.samples else None for c in chunks]
 
+    def run_decode_burst(self, chunks: list[ScheduledChunk], steps: int) -> list[list[int]]:
+        """``steps`` simulated decode steps of the same rows (each sleeps its model time)."""
+        burst = []
+        for _ in range(steps):  # a burst is decode only: every chunk samples
+            burst.append([token for token in self.run(chunks) if token is not None])
+        return burst
+
     def export_blocks(self, block_ids: list[int]) -> torch.Tensor:
         """Zeros shaped like real KV of the nominal model (there is no KV to read)."""
         return torch.zeros(self._kv_shape(len(block_ids)))

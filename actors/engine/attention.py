@@ -18,8 +18,8 @@ Both: a chunk with no cached prefix attends straight to its own fresh keys with 
 
 Sliding windows (Mistral, windowed Qwen2 layers): a layer's ``window`` W lets a token see
 the last W positions, itself included, as transformers does. The CPU path masks the rest
-out; the CUDA kernels have no window, so on CUDA the engine caps ``max_model_len`` at
-the narrowest window (``engine_parts``), where a window changes nothing.
+out; the CUDA kernels take W as a compile-time constant and start each key loop at the
+first visible key; a fresh chunk longer than W goes to SDPA with a windowed mask.
 """
 
 from __future__ import annotations
@@ -149,11 +149,12 @@ def paged_attention(
             paged.seq_lens,
             scale,
             paged.num_splits,
+            window,
         )
     if meta.paged_prefill is not None:
         chunks = meta.paged_prefill
         triton_attention.paged_prefill(
-            q, k_cache, v_cache, out, chunks.block_tables, chunks.tiles, scale
+            q, k_cache, v_cache, out, chunks.block_tables, chunks.tiles, scale, window
         )
     if k_cache.dtype != q.dtype:  # a float32 cache under bf16 weights, on a CPU
         q, k, v = q.to(k_cache.dtype), k.to(k_cache.dtype), v.to(k_cache.dtype)

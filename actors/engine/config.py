@@ -20,6 +20,8 @@ class EngineConfig:
     decode steps of 1 to ``max_num_seqs`` rows at start-up (off: every step runs eagerly).
     ``decode_burst`` runs up to that many greedy decode-only steps back to back with one
     host sync (module ``decode_burst``); 1, the default, turns bursts off.
+    ``max_prefill_tokens_with_decodes`` caps the prefill tokens of a step that also has
+    decode rows (chunked prefill that keeps inter-token latency smooth; None: no cap).
     ``kv_host_gb`` / ``kv_disk_gb`` (10^9 bytes; 0 = off) add the offload tiers below the
     KV cache (``actors.engine.kv_tiers``); disk blocks live under ``kv_disk_path``
     (default ``$DYNASK_CACHE_DIR/kv-blocks``), and only blocks used at least
@@ -39,6 +41,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     cuda_graphs: bool = True  # decode steps replayed from CUDA graphs (CUDA only)
     decode_burst: int = 1  # greedy decode steps per host sync (1: off)
+    max_prefill_tokens_with_decodes: int | None = None  # None: prefill takes the budget
     seed: int = 0
     kv_host_gb: float = 0.0
     kv_disk_gb: float = 0.0
@@ -72,6 +75,13 @@ class EngineConfig:
             "decode_burst",
             self.decode_burst,
             "an integer >= 1 (1 turns bursts off)",
+        )
+        _check(
+            self.max_prefill_tokens_with_decodes is None
+            or self.max_prefill_tokens_with_decodes >= 1,
+            "max_prefill_tokens_with_decodes",
+            self.max_prefill_tokens_with_decodes,
+            "an integer >= 1, or null for no cap",
         )
         _check(self.max_num_seqs >= 1, "max_num_seqs", self.max_num_seqs, "an integer >= 1")
         _check(

@@ -28,7 +28,6 @@ from dynask.actors.engine.detokenizer import IncrementalDetokenizer
 from dynask.actors.engine.engine_parts import EngineParts, build_engine_parts
 from dynask.actors.engine.kv_manager import KVCacheManager, PrefixHit
 from dynask.actors.engine.kv_tiers import offload_stats
-from dynask.actors.engine.model_runner import ModelRunner
 from dynask.actors.engine.sampling import make_generator
 from dynask.actors.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from dynask.actors.engine.sequence import AbortRequest, Sequence, SequenceStatus, check_prompt
@@ -49,15 +48,17 @@ class LLMEngine:
         self.tokenizer = self.parts.tokenizer
         self.max_model_len = self.parts.plan.max_model_len
         self.scheduler = Scheduler(
-            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len),
+            SchedulerConfig(
+                config.max_num_seqs,
+                config.max_num_batched_tokens,
+                self.max_model_len,
+                config.max_prefill_tokens_with_decodes,
+            ),
             self.parts.kv_manager,
             frozenset(self.parts.eos_token_ids),
         )
         self.kv_events = self.parts.event_log
-        # Bursts need the real model runner (the mocker's simulated one steps singly).
-        runner = self.parts.runner
-        self._burst_runner = runner if isinstance(runner, ModelRunner) else None
-        self.decode_burst = config.decode_burst if isinstance(runner, ModelRunner) else 1
+        self.decode_burst = config.decode_burst
         self._inbox: queue.SimpleQueue[Sequence | AbortRequest] = queue.SimpleQueue()
         self._fanout = OutputFanout()
         self._sequences: dict[str, Sequence] = {}
@@ -261,8 +262,7 @@ class LLMEngine:
     def _run_burst(self, out: SchedulerOutput, steps: int) -> list[RequestOutput]:
         """``steps`` greedy decode steps at once (see ``decode_burst``); one delta per request."""
         new_tokens = dict.fromkeys((chunk.seq for chunk in out.chunks), 0)
-        assert self._burst_runner is not None  # decode_burst > 1 only with a ModelRunner
-        for tokens in self._burst_runner.run_decode_burst(out.chunks, steps):
+        for tokens in self.parts.runner.run_decode_burst(out.chunks, steps):
             live = [
                 (chunk, token)
                 for chunk, token in zip(out.chunks, tokens, strict=True)

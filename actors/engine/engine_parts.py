@@ -36,6 +36,10 @@ class StepRunner(Protocol):
     def run(self, chunks: list[ScheduledChunk]) -> list[int | None]:
         """The sampled token per chunk; None for a chunk that stops mid-prefill."""
 
+    def run_decode_burst(self, chunks: list[ScheduledChunk], steps: int) -> list[list[int]]:
+        """Greedy tokens of ``steps`` decode steps of ``chunks`` (one list per step), each
+        step fed the tokens of the one before; the engine reserved the blocks for all."""
+
     def export_blocks(self, block_ids: list[int]) -> torch.Tensor: ...
 
     def import_blocks(self, block_ids: list[int], kv: torch.Tensor) -> None: ...

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from dynask.actors.engine.sequence import Sequence
+from dynask.kv.block import ceil_div
 from dynask.kv.block_pool import Block, BlockPool, CachedBlock
 from dynask.kv.events import KVEventLog
 from dynask.kv.hashing import SequenceHash, chain_hash, local_block_hash
@@ -128,7 +129,7 @@ class KVCacheManager:
         read in the background (the sequence then waits, like one that does not fit).
         """
         computed = seq.num_computed_tokens + hit.num_blocks * self.block_size
-        blocks_needed = -(-(computed + num_new_tokens) // self.block_size)
+        blocks_needed = ceil_div(computed + num_new_tokens, self.block_size)
         new_blocks = blocks_needed - len(seq.blocks) - len(hit.blocks)  # lower: new blocks too
         revived = sum(1 for block in hit.blocks if block.ref_cnt == 0)
         if new_blocks > self.pool.num_free_blocks - revived:

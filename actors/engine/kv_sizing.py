@@ -1,9 +1,8 @@
 """How many KV blocks fit, and how long a sequence may be — decided once at start-up.
 
 A configured ``max_model_len`` larger than the cache can hold is clamped, with one log
-line that says so; it is never a start-up crash. On CUDA a model with sliding-window
-layers is also capped at its narrowest window: the CUDA attention kernels attend to the
-whole context, which equals the window only as long as no sequence is longer.
+line that says so; it is never a start-up crash. Sliding windows do not cap it: both
+the CPU path and the CUDA kernels apply them at any length.
 """
 
 from __future__ import annotations
@@ -63,18 +62,6 @@ def plan_kv_cache(
             source,
             max_model_len,
         )
-    window = model.smallest_window
-    if device.type == "cuda" and window is not None and max_model_len > window:
-        log.warning(
-            "%s attends through a sliding window of %d tokens, which the CUDA kernels do "
-            "not apply; max_model_len clamped from %d to %d (the CPU path applies the window "
-            "at any length).",
-            model.model_type,
-            window,
-            max_model_len,
-            window,
-        )
-        max_model_len = window
     return KVCachePlan(num_blocks, config.block_size, max_model_len, bytes_per_block, source)
 
 

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 
 import torch
 
-from dynask.actors.engine.attention import AttentionMetadata, DecodeRows, PrefillChunk
 from dynask.actors.engine.cuda.step import CudaLayout, DecodeGraphs, build_cuda_inputs
 from dynask.actors.engine.cuda.triton_attention import compile_paged_prefill
 from dynask.actors.engine.model import CausalLM
 from dynask.actors.engine.sampling import sample
 from dynask.actors.engine.scheduler import ScheduledChunk
-from dynask.actors.engine.sequence import Sequence
+from dynask.actors.engine.step_plan import StepPlan, StepRows, block_ids, is_decode, slot_of
+from dynask.kv.block import ceil_div
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class ModelRunner:
         """Captures decode steps of up to ``max_batch`` rows (CUDA only)."""
         if self.cuda_layout is None:
             raise ValueError(f"CUDA graphs need a CUDA device; this runner is on {self.device}")
-        max_blocks = -(-max_model_len // self.spec.block_size)
+        max_blocks = ceil_div(max_model_len, self.spec.block_size)
         with torch.inference_mode():
             self.graphs = DecodeGraphs(
                 self.model, self.kv_caches, self.cuda_layout, max_batch, max_blocks
@@ -86,8 +86,8 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, chunks: list[ScheduledChunk]) -> list[int | None]:
         """Computes the step; returns the sampled token per chunk (None: mid-prefill)."""
-        ordered = sorted(range(len(chunks)), key=lambda i: not _is_decode(chunks[i]))
-        plan = _StepPlan.build([chunks[i] for i in ordered], self.spec.block_size)
+        ordered = sorted(range(len(chunks)), key=lambda i: not is_decode(chunks[i]))
+        plan = StepPlan.build([chunks[i] for i in ordered], self.spec.block_size)
         sampled_rows = [i for i in ordered if chunks[i].samples]
         logits = self._logits(plan, ordered, sampled_rows)
         if logits is None:
@@ -112,11 +112,11 @@ class ModelRunner:
         starts = [seq.num_computed_tokens for seq in seqs]
         positions = [[start + i for start in starts] for i in range(steps)]
         slots = [
-            [_slot(seq, position, block_size) for seq, position in zip(seqs, row, strict=True)]
+            [slot_of(seq, position, block_size) for seq, position in zip(seqs, row, strict=True)]
             for row in positions
         ]
         tables = [
-            [int(b.block_id) for b in seq.blocks[: -(-(start + steps) // block_size)]]
+            block_ids(seq, start + steps, block_size)
             for seq, start in zip(seqs, starts, strict=True)
         ]
         ids = [seq.token_ids()[-1] for seq in seqs]
@@ -126,7 +126,7 @@ class ModelRunner:
         results = []
         rows = list(range(len(seqs)))
         for step in range(steps):
-            plan = _StepPlan([ids, positions[step], slots[step]], rows, seqs, tables, [])
+            plan = StepPlan.decode(seqs, StepRows(ids, positions[step], slots[step]), tables)
             logits = self._logits(plan, rows, rows)
             assert logits is not None  # every row samples
             ids = [int(t) for t in logits.argmax(dim=-1).tolist()]
@@ -134,17 +134,19 @@ class ModelRunner:
         return results
 
     def _logits(
-        self, plan: _StepPlan, ordered: list[int], sampled_rows: list[int]
+        self, plan: StepPlan, ordered: list[int], sampled_rows: list[int]
     ) -> torch.Tensor | None:
         graphs = self.graphs
-        decode_only = len(plan.decode_tables) == len(plan.ends)
         all_sample = len(sampled_rows) == len(ordered)
-        if graphs is not None and decode_only and all_sample and graphs.bucket_for(len(ordered)):
-            return graphs.replay(plan.tokens, plan.decode_tables)  # every row samples
+        if (
+            graphs is not None
+            and plan.decode_only
+            and all_sample
+            and graphs.bucket_for(len(ordered))
+        ):
+            return graphs.replay(plan.rows, plan.decode_tables)  # every row samples
         if self.cuda_layout is not None:
-            inputs = build_cuda_inputs(
-                plan.tokens, plan.decode_tables, plan.prefills, self.cuda_layout, self.device
-            )
+            inputs = build_cuda_inputs(plan, self.cuda_layout, self.device)
             input_ids, positions, meta = inputs.input_ids, inputs.positions, inputs.meta
         else:
             input_ids, positions, meta = plan.cpu_inputs(self.spec.block_size, self.device)
@@ -178,89 +180,3 @@ class ModelRunner:
         for layer, (k_cache, v_cache) in enumerate(self.kv_caches):
             k_cache.index_copy_(0, ids, kv[layer, 0])
             v_cache.index_copy_(0, ids, kv[layer, 1])
-
-
-def _is_decode(chunk: ScheduledChunk) -> bool:
-    return chunk.num_new_tokens == 1 and chunk.seq.num_computed_tokens > 0
-
-
-@dataclass
-class _StepPlan:
-    """A step's rows as plain lists, before they become tensors on a device."""
-
-    tokens: list[list[int]]  # [ids, positions, slots] per row
-    ends: list[int]  # per ordered chunk: index of its last token row
-    decode_seqs: list[Sequence]
-    decode_tables: list[list[int]]  # block ids per decode row
-    prefills: list[tuple[int, int, int, list[int]]]  # first row, new, cached, block ids
-
-    def last_rows(self, ordered: list[int], wanted: list[int]) -> list[int]:
-        end_of = {chunk_index: self.ends[pos] for pos, chunk_index in enumerate(ordered)}
-        return [end_of[i] for i in wanted]
-
-    @classmethod
-    def build(cls, chunks: list[ScheduledChunk], block_size: int) -> _StepPlan:
-        ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        plan = cls([ids, positions, slots], [], [], [], [])
-        for chunk in chunks:
-            seq, start = chunk.seq, chunk.seq.num_computed_tokens
-            stop = start + chunk.num_new_tokens
-            ids += _token_slice(seq, start, stop)
-            positions += range(start, stop)
-            slots += [_slot(seq, p, block_size) for p in range(start, stop)]
-            plan.ends.append(len(ids) - 1)
-            blocks = [int(b.block_id) for b in seq.blocks[: -(-stop // block_size)]]
-            if _is_decode(chunk):
-                plan.decode_seqs.append(seq)
-                plan.decode_tables.append(blocks)
-            else:
-                plan.prefills.append((len(ids) - chunk.num_new_tokens, stop - start, start, blocks))
-        return plan
-
-    def cpu_inputs(
-        self, block_size: int, device: torch.device
-    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        """Input ids, positions and metadata for the gathering (CPU) attention path."""
-        prefills = [
-            PrefillChunk(
-                first,
-                first + count,
-                cached,
-                torch.tensor(blocks, dtype=torch.long, device=device) if cached else None,
-            )
-            for first, count, cached, blocks in self.prefills
-        ]
-        ids, positions, slots = (
-            torch.tensor(t, dtype=torch.long, device=device) for t in self.tokens
-        )
-        decode = None
-        if self.decode_seqs:
-            rows = len(self.decode_tables)  # decode rows come first
-            decode = _decode_rows(self.tokens[1][:rows], self.decode_tables, block_size, device)
-        meta = AttentionMetadata(slot_mapping=slots, decode=decode, prefills=prefills)
-        return ids, positions, meta
-
-
-def _token_slice(seq: Sequence, start: int, stop: int) -> list[int]:
-    prompt = seq.prompt_token_ids
-    if start >= len(prompt):
-        offset = len(prompt)
-        return seq.output_token_ids[start - offset : stop - offset]
-    return (prompt + seq.output_token_ids)[start:stop] if stop > len(prompt) else prompt[start:stop]
-
-
-def _slot(seq: Sequence, position: int, block_size: int) -> int:
-    return int(seq.blocks[position // block_size].block_id) * block_size + position % block_size
-
-
-def _decode_rows(
-    positions: list[int], tables: list[list[int]], block_size: int, device: torch.device
-) -> DecodeRows:
-    lengths = torch.tensor([position + 1 for position in positions], device=device)
-    num_blocks = max(len(t) for t in tables)
-    padded = [t + [0] * (num_blocks - len(t)) for t in tables]
-    table = torch.tensor(padded, dtype=torch.long, device=device)
-    mask = torch.arange(num_blocks * block_size, device=device)[None, :] < lengths[:, None]
-    return DecodeRows(len(tables), table, mask[:, None, None, :], lengths)

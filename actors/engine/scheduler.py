@@ -6,6 +6,12 @@ next chunk of its prompt. When blocks run out, the most recently admitted sequen
 preempted by recompute (its blocks are freed; its full blocks stay in the prefix cache, so
 the recompute is often a cache hit). Waiting sequences are admitted while budget, blocks
 and ``max_num_seqs`` allow, each starting after its longest cached prefix.
+
+Chunked prefill under decode load: with ``max_prefill_tokens_with_decodes`` set, a step
+that has decode rows gives prefill chunks (running ones and new admissions together) at
+most that many tokens, so a long prompt arriving does not stretch every running stream's
+next token by a whole prefill chunk; a step without decode rows still takes the whole
+budget. ``None`` (the default) leaves prefill bound only by ``max_num_batched_tokens``.
 """
 
 from __future__ import annotations
@@ -23,12 +29,19 @@ class SchedulerConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     max_model_len: int = 2048
+    max_prefill_tokens_with_decodes: int | None = None  # None: no cap beyond the budget
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             value = getattr(self, name)
             if value < 1:
                 raise ValueError(f"SchedulerConfig '{name}' has value {value!r}; expected >= 1")
+        cap = self.max_prefill_tokens_with_decodes
+        if cap is not None and cap < 1:
+            raise ValueError(
+                f"SchedulerConfig 'max_prefill_tokens_with_decodes' has value {cap!r}; "
+                "expected >= 1 or None"
+            )
 
 
 @dataclass(frozen=True)
@@ -57,9 +70,27 @@ class PrefixCacheCounters:
     queried_tokens: int = 0
     hit_tokens: int = 0
 
-    @property
-    def hit_rate(self) -> float:
-        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
+
+@dataclass
+class _Budget:
+    """A step's token budget; ``prefill`` (None: unbounded) caps prefill chunks within it."""
+
+    total: int
+    prefill: int | None = None
+
+    def grant(self, wanted: int, decode: bool) -> int:
+        limit = self.total if decode or self.prefill is None else min(self.total, self.prefill)
+        return max(0, min(wanted, limit))
+
+    def take(self, tokens: int, decode: bool) -> None:
+        self.total -= tokens
+        if not decode and self.prefill is not None:
+            self.prefill -= tokens
+
+
+def _decodes(seq: Sequence) -> bool:
+    """Whether ``seq``'s next step is one decode token (not a prompt or recompute chunk)."""
+    return seq.num_pending_tokens == 1 and seq.num_computed_tokens > 0
 
 
 class Scheduler:
@@ -82,16 +113,27 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        budget = self._schedule_running(out, self.config.max_num_batched_tokens)
+        budget = _Budget(self.config.max_num_batched_tokens, self._prefill_cap())
+        self._schedule_running(out, budget)
         if not out.preempted:
             self._admit_waiting(out, budget)
         return out
 
-    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+    def _prefill_cap(self) -> int | None:
+        """Prefill tokens this step may take: capped while any running sequence decodes."""
+        cap = self.config.max_prefill_tokens_with_decodes
+        if cap is None or not any(_decodes(seq) for seq in self.running):
+            return None
+        return cap
+
+    def _schedule_running(self, out: SchedulerOutput, budget: _Budget) -> None:
         index = 0
-        while index < len(self.running) and budget > 0:
+        while index < len(self.running) and budget.total > 0:
             seq = self.running[index]
-            num_new = min(seq.num_pending_tokens, budget)
+            num_new = budget.grant(seq.num_pending_tokens, decode=_decodes(seq))
+            if num_new == 0:  # a prefill past this step's prefill cap waits its turn
+                index += 1
+                continue
             while not self.kv.allocate(seq, num_new):
                 victim = self.running[-1]
                 self._preempt(victim, out)
@@ -99,24 +141,23 @@ class Scheduler:
                     break
             else:
                 out.chunks.append(ScheduledChunk(seq, num_new))
-                budget -= num_new
+                budget.take(num_new, decode=_decodes(seq))
                 index += 1
-        return budget
 
-    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+    def _admit_waiting(self, out: SchedulerOutput, budget: _Budget) -> None:
+        while self.waiting and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             hit = self.kv.lookup_prefix(seq) if seq.num_computed_tokens == 0 else NO_HIT
             cached = hit.num_blocks * self.kv.block_size
-            num_new = min(seq.num_pending_tokens - cached, budget)
-            if not self.kv.allocate(seq, num_new, hit):
+            num_new = budget.grant(seq.num_pending_tokens - cached, decode=False)
+            if num_new == 0 or not self.kv.allocate(seq, num_new, hit):
                 break
             self._count_prefix_hit(seq)
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             out.chunks.append(ScheduledChunk(seq, num_new))
-            budget -= num_new
+            budget.take(num_new, decode=False)
 
     def _count_prefix_hit(self, seq: Sequence) -> None:
         # What ``allocate`` took from the cache (a lower-tier hit may load short of the

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -45,8 +44,6 @@ class Sequence:
     blocks: list[Block] = field(default_factory=list)
     block_hashes: list[SequenceHash] = field(default_factory=list)  # of full, cached blocks
     num_preemptions: int = 0
-    arrival_time: float = field(default_factory=time.monotonic)
-    first_token_time: float | None = None
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
 

@@ -121,6 +121,14 @@ def _add_run(run: argparse.ArgumentParser) -> None:
     )
     run.add_argument("--max-model-len", type=int, default=None)
     run.add_argument("--max-num-seqs", type=int, default=None)
+    run.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per step")
+    run.add_argument(
+        "--max-prefill-tokens-with-decodes",
+        type=int,
+        default=None,
+        help="cap on a step's prefill tokens while decodes run (chunked prefill)",
+    )
+    run.add_argument("--decode-burst", type=int, default=None, help="greedy steps per sync")
     run.add_argument("--block-size", type=int, default=None, help="tokens per KV block")
     run.add_argument("--gpu-memory-utilization", type=float, default=None)
     run.add_argument("--tensor-parallel-size", type=int, default=None, help="out=vllm")

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dynask.kv.block import ceil_div
+
 DEFAULT_BLOCK_SIZE = 16  # for engines that report none (echo, python): routing units only
 
 
@@ -86,4 +88,4 @@ class ActorLoad:
         return len(self._requests)
 
     def _blocks(self, tokens: int) -> int:
-        return -(-tokens // self.block_size)
+        return ceil_div(tokens, self.block_size)

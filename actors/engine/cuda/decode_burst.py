@@ -15,9 +15,11 @@ with them.
 
 The cost is latency for arrivals: a request that comes in during a burst waits for it
 (``k`` steps) before it is admitted, and tokens reach clients ``k`` at a time. A burst
-therefore never starts while a request is waiting. Bursts are off by default
-(``EngineConfig.decode_burst = 1``): the chained CUDA path has not yet run on a GPU (the
-device time for this work was spent), so it is opt-in until it is measured.
+therefore never starts while a request is waiting. Measured on an H200 (issue 19, 8B
+bf16, bursts of 8): 8% / 21% / 23% less time per decode step at batch 1 / 64 / 256; the
+``k`` results are still applied serially after the chain, so the host work is not hidden.
+Bursts stay off by default (``EngineConfig.decode_burst = 1``): a streaming client would
+see its tokens ``k`` at a time, ITL ``k`` times longer per chunk.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from dynask.actors.engine.cuda.triton_attention import load_kernels, next_power_of_2
+from dynask.kv.block import ceil_div
 
 MAX_FUSED_COLS = 16384  # one program holds a whole row of the norm
 
@@ -66,7 +67,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     rows = gate_up.numel() // (2 * n)
     out = torch.empty((*gate_up.shape[:-1], n), dtype=gate_up.dtype, device=gate_up.device)
     block = 1024
-    load_kernels().silu_and_mul_kernel[(rows, -(-n // block))](gate_up, out, n, BLOCK=block)
+    load_kernels().silu_and_mul_kernel[(rows, ceil_div(n, block))](gate_up, out, n, BLOCK=block)
     return out
 
 

@@ -5,9 +5,12 @@ Design decisions:
 * Every per-step host array (token ids, positions, KV slots; decode lengths and block
   tables) is built in Python lists and crosses to the GPU as one pinned buffer per dtype
   with ``non_blocking`` copies: two small transfers a step, no synchronisation.
-* Decode rows read the KV blocks in place (``PagedDecode``); prefill chunks with a cached
-  prefix go to the paged prefill kernel in one launch; first chunks attend to their own
-  fresh keys with SDPA (flash attention).
+* Decode rows read the KV blocks in place (``PagedDecode``); prefill chunks go to the
+  paged prefill kernel in one launch, except a step's only chunk when it is fresh (no
+  cached prefix, no decode rows beside it), which attends to its own keys with SDPA
+  (flash attention, the fastest for one long prompt). One launch per layer for all
+  chunks of a mixed step instead of one SDPA call each: eager mixed steps are bound by
+  the host's launches.
 * A decode-only step of ``n`` rows replays the graph captured for the smallest bucket
   ``>= n`` (1, 2, 4, 8, then steps of 8 up to 64, then of 32, up to ``max_num_seqs``).
   Rows past ``n`` are padding: length 0 (the kernel skips them), position 0, and their
@@ -34,6 +37,8 @@ from dynask.actors.engine.attention import (
 )
 from dynask.actors.engine.cuda.triton_attention import decode_splits, prefill_tiles
 from dynask.actors.engine.model import CausalLM
+from dynask.actors.engine.step_plan import StepPlan, StepRows
+from dynask.kv.block import ceil_div
 
 log = logging.getLogger(__name__)
 
@@ -70,35 +75,34 @@ def to_device(
     return host.to(device, non_blocking=True)
 
 
-def build_cuda_inputs(
-    tokens: list[list[int]],
-    decode_tables: list[list[int]],
-    prefill_chunks: list[tuple[int, int, int, list[int]]],
-    layout: CudaLayout,
-    device: torch.device,
-) -> CudaStepInputs:
-    """Inputs of an eager step.
-
-    ``tokens`` is ``[ids, positions, slots]`` over all rows (decode rows first, one per
-    entry of ``decode_tables``); ``prefill_chunks`` holds (first row, new tokens, cached
-    tokens, block ids) per prefill chunk.
-    """
-    packed = to_device(tokens, torch.long, device)
+def build_cuda_inputs(plan: StepPlan, layout: CudaLayout, device: torch.device) -> CudaStepInputs:
+    """Inputs of an eager step: decode rows read blocks in place (``PagedDecode``), prefill
+    chunks with a cached prefix go to the paged prefill kernel, fresh ones to SDPA."""
+    packed = to_device(plan.rows.columns(), torch.long, device)
     meta = AttentionMetadata(slot_mapping=packed[2])
-    rows = len(decode_tables)
-    if rows:
+    decode_tables = plan.decode_tables
+    if decode_tables:
         width = max(len(t) for t in decode_tables)
-        lengths = to_device([tokens[1][row] + 1 for row in range(rows)], torch.int32, device)
+        positions = plan.rows.positions[: len(decode_tables)]
+        lengths = to_device([p + 1 for p in positions], torch.int32, device)
         tables = to_device([block_row(t, width) for t in decode_tables], torch.int32, device)
-        splits = decode_splits(rows, layout.num_kv_heads, layout.num_sms)
+        splits = decode_splits(len(decode_tables), layout.num_kv_heads, layout.num_sms)
         meta.paged_decode = PagedDecode(tables, lengths, splits)
-    cached = [c for c in prefill_chunks if c[2] > 0]
-    meta.prefills = [PrefillChunk(s, s + n, 0, None) for s, n, c, _ in prefill_chunks if c == 0]
+    # A lone fresh chunk goes to flash attention (fastest for long prompts); in a step that
+    # mixes decode rows or several chunks every chunk goes to the one paged prefill launch
+    # (its keys are in the cache already): one launch per layer instead of one per chunk.
+    lone = not decode_tables and len(plan.prefills) == 1
+    cached = [span for span in plan.prefills if span.num_cached > 0 or not lone]
+    meta.prefills = [
+        PrefillChunk(span.first_row, span.first_row + span.num_new, 0, None)
+        for span in plan.prefills
+        if span.num_cached == 0 and lone
+    ]
     if cached:
-        width = max(-(-(c + n) // layout.block_size) for _, n, c, _ in cached)
-        tables = to_device([block_row(t, width) for *_, t in cached], torch.int32, device)
-        tiles = prefill_tiles([(s, n, c) for s, n, c, _ in cached], layout.group, device)
-        meta.paged_prefill = PagedPrefill(tables, tiles)
+        width = max(ceil_div(s.num_cached + s.num_new, layout.block_size) for s in cached)
+        tables = to_device([block_row(s.block_ids, width) for s in cached], torch.int32, device)
+        spans = [(s.first_row, s.num_new, s.num_cached) for s in cached]
+        meta.paged_prefill = PagedPrefill(tables, prefill_tiles(spans, layout.group, device))
     return CudaStepInputs(packed[0], packed[1], meta)
 
 
@@ -176,15 +180,16 @@ class DecodeGraphs:
     def bucket_for(self, rows: int) -> int | None:
         return next((b for b in self.buckets if b >= rows), None)
 
-    def replay(self, tokens: list[list[int]], tables: list[list[int]]) -> torch.Tensor:
-        """Logits ``[rows, vocab]`` of a decode-only step (``tokens``: ids, positions, slots)."""
+    def replay(self, tokens: StepRows, tables: list[list[int]]) -> torch.Tensor:
+        """Logits ``[rows, vocab]`` of a decode-only step (one token row per table)."""
         rows = len(tables)
         batch = self.bucket_for(rows)
         if batch is None:
             raise ValueError(f"decode batch of {rows} rows exceeds the largest graph bucket")
         width = max(len(t) for t in tables)
-        lengths = [p + 1 for p in tokens[1]]
-        self._longs[:, :rows].copy_(torch.tensor(tokens).pin_memory(), non_blocking=True)
+        lengths = [p + 1 for p in tokens.positions]
+        host = torch.tensor(tokens.columns())
+        self._longs[:, :rows].copy_(host.pin_memory(), non_blocking=True)
         self._lens[:rows].copy_(torch.tensor(lengths, dtype=torch.int32).pin_memory(), True)
         host_tables = torch.tensor([block_row(t, width) for t in tables], dtype=torch.int32)
         self._tables[:rows, :width].copy_(host_tables.pin_memory(), non_blocking=True)

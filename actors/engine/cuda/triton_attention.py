@@ -14,6 +14,9 @@ Design decisions:
   programs (flash-decoding) when the batch alone cannot fill the GPU, then merges the
   partial softmaxes in a second small kernel. The split count is fixed per call, so a
   CUDA graph captured for a batch size keeps it.
+* Sliding windows (Mistral, windowed Qwen2 layers) are a compile-time ``WINDOW``: a query
+  at position p sees keys p - WINDOW + 1 .. p; decode rows and prefill tiles start their
+  key loop at the first visible key, so a window also bounds the KV read.
 * A decode row with ``seq_len == 0`` is padding (CUDA-graph buckets): it is skipped and
   its output row left unwritten.
 * float32 caches use exact (IEEE) dot products; bf16/fp16 accumulate in float32 and feed
@@ -30,6 +33,8 @@ from typing import Any
 
 import torch
 
+from dynask.kv.block import ceil_div
+
 LOG2E = 1.4426950408889634
 DECODE_BLOCK_N = 64
 PREFILL_BLOCK_M = 64
@@ -40,20 +45,6 @@ def next_power_of_2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def supports(head_dim: int, dtype: torch.dtype) -> bool:
-    """Whether the kernels handle this shape (head_dim a power of 2, 16..256)."""
-    return (
-        head_dim == next_power_of_2(head_dim)
-        and 16 <= head_dim <= 256
-        and dtype
-        in (
-            torch.float32,
-            torch.bfloat16,
-            torch.float16,
-        )
-    )
-
-
 def load_kernels() -> Any:
     """The kernel module, compiled on first use; raises ImportError without Triton."""
     return importlib.import_module("dynask.actors.engine.cuda.triton_kernels")
@@ -61,7 +52,7 @@ def load_kernels() -> Any:
 
 def decode_splits(num_rows: int, num_kv_heads: int, num_sms: int) -> int:
     """Context splits per decode row: enough programs for about two waves of the GPU."""
-    wanted = -(-2 * num_sms // max(1, num_rows * num_kv_heads))
+    wanted = ceil_div(2 * num_sms, max(1, num_rows * num_kv_heads))
     return min(16, next_power_of_2(wanted)) if wanted > 1 else 1
 
 
@@ -74,11 +65,13 @@ def paged_decode(
     seq_lens: torch.Tensor,
     scale: float,
     num_splits: int,
+    window: int | None = None,
 ) -> None:
     """Writes attention of ``q [rows, heads, dim]`` (one token per row) into ``out``.
 
     ``q`` may be a view with any row stride (a slice of the fused qkv output); its heads
-    and dims must be dense. ``out`` is contiguous.
+    and dims must be dense. ``out`` is contiguous. ``window``: a sliding window (each row
+    sees its last ``window`` positions; None: the whole context).
     """
     kernels = load_kernels()
     rows, num_heads, head_dim = q.shape
@@ -116,6 +109,7 @@ def paged_decode(
         BLOCK_N=DECODE_BLOCK_N,
         NUM_SPLITS=num_splits,
         IEEE=ieee,
+        WINDOW=window or 0,
         num_warps=4,
         num_stages=3,
         **common,
@@ -149,8 +143,10 @@ def paged_prefill(
     block_tables: torch.Tensor,
     tiles: torch.Tensor,
     scale: float,
+    window: int | None = None,
 ) -> None:
-    """Causal attention of prefill chunks over their cached prefix plus themselves."""
+    """Causal attention of prefill chunks over their cached prefix plus themselves (with
+    a sliding ``window``: over the last ``window`` positions of each query)."""
     kernels = load_kernels()
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
@@ -176,6 +172,7 @@ def paged_prefill(
         BLOCK_M=block_m,
         BLOCK_N=PREFILL_BLOCK_N,
         IEEE=q.dtype == torch.float32,
+        WINDOW=window or 0,
         num_warps=4,
         num_stages=2,
     )

@@ -29,7 +29,10 @@ def attend(
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     IEEE: tl.constexpr,
+    WINDOW: tl.constexpr,
 ):
+    # Keys lo .. hi - 1; query row r sees keys up to q_last_pos[r] (causal), and with a
+    # sliding window (WINDOW > 0) only the last WINDOW of them, itself included.
     for start in range(lo, hi, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         n_ok = n < hi
@@ -42,6 +45,8 @@ def attend(
         else:
             qk = tl.dot(q, tl.trans(k))
         visible = (n[None, :] <= q_last_pos[:, None]) & n_ok[None, :]
+        if WINDOW > 0:
+            visible = visible & (n[None, :] > q_last_pos[:, None] - WINDOW)
         qk = tl.where(visible, qk * scale_log2, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -85,6 +90,7 @@ def decode_kernel(
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     IEEE: tl.constexpr,
+    WINDOW: tl.constexpr,
 ):
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -98,8 +104,12 @@ def decode_kernel(
         q_offs = row * q_stride + head[:, None] * HEAD_DIM + dims[None, :]
         q = tl.load(q_ptr + q_offs, mask=r_ok[:, None], other=0.0)
         out_offs = (row * NUM_HEADS + head)[:, None] * HEAD_DIM + dims[None, :]
-        chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-        lo = split * chunk
+        # The keys this row sees: all, or the last WINDOW; the splits share them out.
+        first = 0
+        if WINDOW > 0:
+            first = tl.maximum(seq_len - WINDOW, 0)
+        chunk = tl.cdiv(tl.cdiv(seq_len - first, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        lo = first + split * chunk
         hi = tl.minimum(seq_len, lo + chunk)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -124,6 +134,7 @@ def decode_kernel(
             BLOCK_SIZE,
             BLOCK_N,
             IEEE,
+            WINDOW,
         )
         if NUM_SPLITS == 1:
             out = acc / l_i[:, None]
@@ -186,6 +197,7 @@ def prefill_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     IEEE: tl.constexpr,
+    WINDOW: tl.constexpr,
 ):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -205,6 +217,9 @@ def prefill_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    first = 0  # the first key any query of the tile sees
+    if WINDOW > 0:
+        first = tl.maximum(q_pos - WINDOW + 1, 0)
     m_i, l_i, acc = attend(
         q,
         m_i,
@@ -213,7 +228,7 @@ def prefill_kernel(
         k_ptr,
         v_ptr,
         tables_ptr + seq * table_stride,
-        0,
+        first,
         q_pos + q_len,
         kv_head,
         q_pos + tok,
@@ -224,6 +239,7 @@ def prefill_kernel(
         BLOCK_SIZE,
         BLOCK_N,
         IEEE,
+        WINDOW,
     )
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=r_ok[:, None])

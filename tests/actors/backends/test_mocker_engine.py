@@ -89,6 +89,19 @@ def test_engine_accumulates_the_model_time_of_its_steps(tokenizer: Any) -> None:
     assert engine.runner.simulated_ms == 249.0
 
 
+def test_a_decode_burst_simulates_each_of_its_steps(tokenizer: Any) -> None:
+    engine = mocker(tokenizer, speedup_ratio=math.inf, **TIMING)
+    stream = engine.add_request(PROMPT, PARAMS)
+    engine.step()  # the prefill: 240 ms, and the first token
+    out = engine.scheduler.schedule()  # one decode row over 6 blocks
+
+    burst = engine.runner.run_decode_burst(out.chunks, 3)
+
+    assert [len(tokens) for tokens in burst] == [1, 1, 1]
+    assert engine.runner.simulated_ms == 240.0 + 3 * 4.5
+    assert len(stream.token_ids) == 1
+
+
 # ---- tokens -----------------------------------------------------------------------------
 
 

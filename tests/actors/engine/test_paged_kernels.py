@@ -37,8 +37,9 @@ def _cache(blocks: int, block_size: int, kv_heads: int, dim: int, dtype, device,
     return k, v
 
 
-def _reference(q, k_cache, v_cache, table, positions, scale):
-    """Attention of queries at ``positions`` over keys 0..position, in float64."""
+def _reference(q, k_cache, v_cache, table, positions, scale, window=None):
+    """Attention of queries at ``positions`` over keys 0..position (the last ``window`` of
+    them with a sliding window), in float64."""
     block_size = k_cache.shape[1]
     context = max(positions) + 1
     slots = [table[p // block_size] * block_size + p % block_size for p in range(context)]
@@ -49,21 +50,27 @@ def _reference(q, k_cache, v_cache, table, positions, scale):
     values = values.repeat_interleave(group, dim=1)
     out = []
     for row, pos in enumerate(positions):
-        scores = torch.einsum("hd,khd->hk", q[row].double(), keys[: pos + 1]) * scale
-        out.append(torch.einsum("hk,khd->hd", scores.softmax(-1), values[: pos + 1]))
+        lo = 0 if window is None else max(0, pos - window + 1)
+        scores = torch.einsum("hd,khd->hk", q[row].double(), keys[lo : pos + 1]) * scale
+        out.append(torch.einsum("hk,khd->hd", scores.softmax(-1), values[lo : pos + 1]))
     return torch.stack(out)
 
 
 @pytest.mark.parametrize(
-    ("heads", "kv_heads", "block_size", "splits", "dtype"),
+    ("heads", "kv_heads", "block_size", "splits", "dtype", "window"),
     [
-        (4, 2, 16, 1, torch.float32),
-        (3, 1, 5, 4, torch.float32),
-        (8, 2, 16, 2, torch.bfloat16),
-        (4, 4, 32, 8, torch.float32),
+        (4, 2, 16, 1, torch.float32, None),
+        (3, 1, 5, 4, torch.float32, None),
+        (8, 2, 16, 2, torch.bfloat16, None),
+        (4, 4, 32, 8, torch.float32, None),
+        # Sliding windows: shorter than some rows (70, 133), longer than others (1), not a
+        # multiple of the key tile or the block; with and without context splits.
+        (4, 2, 16, 1, torch.float32, 50),
+        (3, 1, 5, 4, torch.float32, 37),
+        (8, 2, 16, 2, torch.bfloat16, 100),
     ],
 )
-def test_decode_matches_reference(heads, kv_heads, block_size, splits, dtype) -> None:
+def test_decode_matches_reference(heads, kv_heads, block_size, splits, dtype, window) -> None:
     device = _kernel_device()
     if device.type == "cpu" and dtype == torch.bfloat16:
         pytest.skip("Triton's interpreter computes bfloat16 wrongly (numpy has no bfloat16)")
@@ -86,6 +93,7 @@ def test_decode_matches_reference(heads, kv_heads, block_size, splits, dtype) ->
         torch.tensor(seq_lens, dtype=torch.int32, device=device),
         dim**-0.5,
         splits,
+        window,
     )
 
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
@@ -94,15 +102,24 @@ def test_decode_matches_reference(heads, kv_heads, block_size, splits, dtype) ->
             assert torch.all(out[row] == 7.0)  # padding rows are left alone
             continue
         expected = _reference(
-            q[row : row + 1], k_cache, v_cache, tables[row].tolist(), [length - 1], dim**-0.5
+            q[row : row + 1],
+            k_cache,
+            v_cache,
+            tables[row].tolist(),
+            [length - 1],
+            dim**-0.5,
+            window,
         )
         torch.testing.assert_close(
             out[row].double().cpu(), expected[0].cpu(), atol=tolerance, rtol=tolerance
         )
 
 
-@pytest.mark.parametrize(("heads", "kv_heads", "block_size"), [(4, 2, 16), (6, 2, 7)])
-def test_prefill_after_cached_prefix_matches_reference(heads, kv_heads, block_size) -> None:
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "block_size", "window"),
+    [(4, 2, 16, None), (6, 2, 7, None), (4, 2, 16, 30), (6, 2, 7, 8), (4, 2, 16, 200)],
+)
+def test_prefill_after_cached_prefix_matches_reference(heads, kv_heads, block_size, window) -> None:
     device = _kernel_device()
     dim, width = 64, -(-105 // block_size)
     blocks = 2 * width + 1
@@ -117,13 +134,19 @@ def test_prefill_after_cached_prefix_matches_reference(heads, kv_heads, block_si
     tiles = triton_attention.prefill_tiles(chunks, group, device)
 
     triton_attention.paged_prefill(
-        q, k_cache, v_cache, out, tables.to(device, torch.int32), tiles, dim**-0.5
+        q, k_cache, v_cache, out, tables.to(device, torch.int32), tiles, dim**-0.5, window
     )
 
     for index, (start, count, cached) in enumerate(chunks):
         positions = list(range(cached, cached + count))
         expected = _reference(
-            q[start : start + count], k_cache, v_cache, tables[index].tolist(), positions, dim**-0.5
+            q[start : start + count],
+            k_cache,
+            v_cache,
+            tables[index].tolist(),
+            positions,
+            dim**-0.5,
+            window,
         )
         torch.testing.assert_close(
             out[start : start + count].double().cpu(), expected.cpu(), atol=1e-5, rtol=1e-5

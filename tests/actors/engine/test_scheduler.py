@@ -57,6 +57,35 @@ def test_chunked_prefill_under_token_budget_then_decode() -> None:
     assert (a.output_token_ids, b.output_token_ids) == ([42, 42], [42, 42])
 
 
+def test_prefill_is_capped_while_decodes_run() -> None:
+    scheduler = _scheduler(
+        32, max_num_batched_tokens=16, max_model_len=64, max_prefill_tokens_with_decodes=4
+    )
+    a, b, c = _seq("a", 3), _seq("b", 10), _seq("c", 5)
+    scheduler.add(a)
+
+    assert _plan(scheduler) == [("a", 3)]  # no decode running: the whole budget
+    scheduler.add(b)
+    scheduler.add(c)
+    # a decodes, so prefill gets 4 tokens: b's first chunk; c waits (no prefill left).
+    assert _plan(scheduler) == [("a", 1), ("b", 4)]
+    assert _plan(scheduler) == [("a", 1), ("b", 4)]
+    # b's last 2 tokens, then c's first 2 within the same 4-token prefill cap.
+    assert _plan(scheduler) == [("a", 1), ("b", 2), ("c", 2)]
+    assert _plan(scheduler) == [("a", 1), ("b", 1), ("c", 3)]
+    assert _plan(scheduler) == [("a", 1), ("b", 1), ("c", 1)]
+
+
+def test_without_a_cap_prefill_takes_the_whole_budget_beside_decodes() -> None:
+    scheduler = _scheduler(32, max_num_batched_tokens=16, max_model_len=64)
+    a, b = _seq("a", 3), _seq("b", 10)
+    scheduler.add(a)
+    _plan(scheduler)
+    scheduler.add(b)
+
+    assert _plan(scheduler) == [("a", 1), ("b", 10)]
+
+
 def test_preemption_takes_the_newest_sequence_and_recomputes_it() -> None:
     scheduler = _scheduler(4, max_model_len=16)
     a, b = _seq("a", 8), _seq("b", 8)

@@ -1,0 +1,148 @@
+"""A step's rows as plain Python records, before they become tensors on a device.
+
+The model runner orders a step's chunks (decode rows first, then prefill chunks) and
+builds one ``StepPlan``: every token row's id, position and KV slot (``StepRows``), the
+block table of each decode row, and per prefill chunk where its rows start, how many
+there are and how many tokens of the sequence are already cached (``PrefillSpan``). The
+CPU path (``cpu_inputs``) and the CUDA path (``cuda.step``) both read these records.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from dynask.actors.engine.attention import AttentionMetadata, DecodeRows, PrefillChunk
+from dynask.actors.engine.scheduler import ScheduledChunk
+from dynask.actors.engine.sequence import Sequence
+from dynask.kv.block import ceil_div
+
+
+@dataclass
+class StepRows:
+    """Per token row of the step: its token id, position and KV slot."""
+
+    ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def columns(self) -> list[list[int]]:
+        """``[ids, positions, slots]``: one host tensor ``[3, rows]`` for the device."""
+        return [self.ids, self.positions, self.slots]
+
+
+@dataclass(frozen=True)
+class PrefillSpan:
+    """One prefill chunk: rows ``first_row .. first_row + num_new`` after ``num_cached``."""
+
+    first_row: int
+    num_new: int
+    num_cached: int
+    block_ids: list[int]  # the blocks covering positions 0 .. num_cached + num_new - 1
+
+
+@dataclass
+class StepPlan:
+    """A step's rows; decode rows come first, one per entry of ``decode_tables``."""
+
+    rows: StepRows = field(default_factory=StepRows)
+    ends: list[int] = field(default_factory=list)  # per ordered chunk: its last token row
+    decode_seqs: list[Sequence] = field(default_factory=list)
+    decode_tables: list[list[int]] = field(default_factory=list)  # block ids per decode row
+    prefills: list[PrefillSpan] = field(default_factory=list)
+
+    @property
+    def decode_only(self) -> bool:
+        return len(self.decode_tables) == len(self.ends)
+
+    def last_rows(self, ordered: list[int], wanted: list[int]) -> list[int]:
+        end_of = {chunk_index: self.ends[pos] for pos, chunk_index in enumerate(ordered)}
+        return [end_of[i] for i in wanted]
+
+    @classmethod
+    def build(cls, chunks: list[ScheduledChunk], block_size: int) -> StepPlan:
+        plan = cls()
+        rows = plan.rows
+        for chunk in chunks:
+            seq, start = chunk.seq, chunk.seq.num_computed_tokens
+            stop = start + chunk.num_new_tokens
+            rows.ids += token_slice(seq, start, stop)
+            rows.positions += range(start, stop)
+            rows.slots += [slot_of(seq, p, block_size) for p in range(start, stop)]
+            plan.ends.append(len(rows) - 1)
+            blocks = block_ids(seq, stop, block_size)
+            if is_decode(chunk):
+                plan.decode_seqs.append(seq)
+                plan.decode_tables.append(blocks)
+            else:
+                first = len(rows) - chunk.num_new_tokens
+                plan.prefills.append(PrefillSpan(first, stop - start, start, blocks))
+        return plan
+
+    @classmethod
+    def decode(cls, seqs: list[Sequence], rows: StepRows, tables: list[list[int]]) -> StepPlan:
+        """A decode-only step whose rows are given (one step of a burst)."""
+        return cls(rows, list(range(len(seqs))), list(seqs), tables, [])
+
+    def cpu_inputs(
+        self, block_size: int, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """Input ids, positions and metadata for the gathering (CPU) attention path."""
+        prefills = [
+            PrefillChunk(
+                span.first_row,
+                span.first_row + span.num_new,
+                span.num_cached,
+                torch.tensor(span.block_ids, dtype=torch.long, device=device)
+                if span.num_cached
+                else None,
+            )
+            for span in self.prefills
+        ]
+        ids, positions, slots = (
+            torch.tensor(t, dtype=torch.long, device=device) for t in self.rows.columns()
+        )
+        decode = None
+        if self.decode_seqs:
+            count = len(self.decode_tables)  # decode rows come first
+            decode = _decode_rows(
+                self.rows.positions[:count], self.decode_tables, block_size, device
+            )
+        meta = AttentionMetadata(slot_mapping=slots, decode=decode, prefills=prefills)
+        return ids, positions, meta
+
+
+def is_decode(chunk: ScheduledChunk) -> bool:
+    return chunk.num_new_tokens == 1 and chunk.seq.num_computed_tokens > 0
+
+
+def block_ids(seq: Sequence, num_tokens: int, block_size: int) -> list[int]:
+    """The ids of the blocks holding ``seq``'s first ``num_tokens`` tokens."""
+    return [int(b.block_id) for b in seq.blocks[: ceil_div(num_tokens, block_size)]]
+
+
+def token_slice(seq: Sequence, start: int, stop: int) -> list[int]:
+    prompt = seq.prompt_token_ids
+    if start >= len(prompt):
+        offset = len(prompt)
+        return seq.output_token_ids[start - offset : stop - offset]
+    return (prompt + seq.output_token_ids)[start:stop] if stop > len(prompt) else prompt[start:stop]
+
+
+def slot_of(seq: Sequence, position: int, block_size: int) -> int:
+    return int(seq.blocks[position // block_size].block_id) * block_size + position % block_size
+
+
+def _decode_rows(
+    positions: list[int], tables: list[list[int]], block_size: int, device: torch.device
+) -> DecodeRows:
+    lengths = torch.tensor([position + 1 for position in positions], device=device)
+    num_blocks = max(len(t) for t in tables)
+    padded = [t + [0] * (num_blocks - len(t)) for t in tables]
+    table = torch.tensor(padded, dtype=torch.long, device=device)
+    mask = torch.arange(num_blocks * block_size, device=device)[None, :] < lengths[:, None]
+    return DecodeRows(len(tables), table, mask[:, None, None, :], lengths)

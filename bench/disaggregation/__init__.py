@@ -1,0 +1,1 @@
+"""Disaggregated prefill/decode: KV transfer between processes and GPUs, and serving."""

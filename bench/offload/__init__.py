@@ -1,0 +1,1 @@
+"""The KV offload tiers (host memory, disk) on a CPU and the GPU-host transfer."""

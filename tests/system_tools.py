@@ -8,6 +8,7 @@ with apt); see the Makefile's ``system-deps`` target.
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -25,7 +26,8 @@ def require(program: str) -> str:
     """The path of ``program``; fails the calling test if it is not installed."""
     path = shutil.which(program) or shutil.which(program, path="/usr/sbin:/usr/bin:/sbin")
     if path is None:
-        package = PACKAGES.get(program, program)
+        name = Path(program).name
+        package = PACKAGES.get(name, name)
         pytest.fail(
             f"{program} is not installed: `apt-get install -y {package}` (or `make "
             "system-deps` as root) - this test runs the real program and does not skip",

@@ -7,6 +7,7 @@ from collections import Counter
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from dynask.actors.api.stats import EngineStats
 from dynask.control_plane.serving.metrics import ServingMetrics
 
 
@@ -47,7 +48,21 @@ def test_the_disaggregation_tallies_are_read_at_each_scrape() -> None:
 
 def test_ratios_and_units_are_in_the_names() -> None:
     metrics = ServingMetrics()
-    metrics.observe_actor("a", {"kv_usage": 0.5, "prefix_hit_rate": 0.25})
+    stats = EngineStats(
+        num_running=1,
+        num_waiting=0,
+        num_kv_blocks=8,
+        num_free_kv_blocks=4,
+        num_cached_kv_blocks=0,
+        kv_usage=0.5,
+        prefix_queried_tokens=400,
+        prefix_hit_tokens=100,
+        num_preemptions=0,
+        num_steps=3,
+        prompt_tokens=400,
+        generated_tokens=3,
+    )
+    metrics.observe_actor("a", stats)
     metrics.observe_usage("m", 100, 40)
     samples = _samples(metrics)
     assert samples[("dynask_actor_kv_usage_ratio", (("actor", "a"),))] == 0.5

@@ -1,4 +1,4 @@
-"""bench/plots.py: a PNG beside each benchmark result, for each kind of result."""
+"""bench/common/plots.py: a PNG beside each benchmark result, for each kind of result."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-PLOTS = Path(__file__).resolve().parents[2] / "bench" / "plots.py"
-RESULTS = PLOTS.parent / "results"
+PLOTS = Path(__file__).resolve().parents[2] / "bench" / "common" / "plots.py"
+RESULTS = PLOTS.parents[1] / "results"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

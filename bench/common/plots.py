@@ -8,8 +8,8 @@
 - ``serve.py``: TTFT and ITL percentiles (p50, p99) against concurrency, per system
   and engine: the latency distributions as the benchmark records them.
 
-    .venv/bin/python bench/plots.py                      # engine, routing and serve results
-    .venv/bin/python bench/plots.py bench/results/routing.json
+    .venv/bin/python -m bench.common.plots               # engine, routing and serve results
+    .venv/bin/python -m bench.common.plots bench/results/routing.json
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
 def engine_figure(data: dict[str, Any]) -> Figure:

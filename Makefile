@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.dynask-installed
 
-.PHONY: run test lint typecheck pytest setup clean bench
+.PHONY: run test lint typecheck pytest setup system-deps clean bench
 
 setup: $(STAMP)
 
@@ -49,7 +49,27 @@ typecheck: $(STAMP) .mypy_path/dynask
 pytest: $(STAMP)
 	$(VENV)/bin/pytest
 
-test: lint typecheck pytest
+# Programs the tests run for real (never skipped): PROGRAM:DEBIAN-PACKAGE. Missing ones
+# are installed with apt where we are root; elsewhere the target fails naming them.
+SYSTEM_DEPS := /usr/bin/chromium:chromium /usr/bin/prometheus:prometheus \
+  /usr/bin/promtool:prometheus /usr/sbin/sshd:openssh-server /usr/bin/ssh-keygen:openssh-client \
+  /usr/bin/systemd-analyze:systemd
+
+system-deps:
+	@missing=""; for dep in $(SYSTEM_DEPS); do \
+	  test -x "$${dep%%:*}" || missing="$$missing $${dep##*:}"; \
+	done; \
+	missing=$$(echo $$missing | tr ' ' '\n' | sort -u | tr '\n' ' '); \
+	if [ -z "$$(echo $$missing)" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing the tests' system packages:$$missing"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
+	else \
+	  echo "make test needs these system packages: sudo apt-get install -y $$missing" >&2; \
+	  exit 1; \
+	fi
+
+test: system-deps lint typecheck pytest
 
 bench: $(STAMP)
 	$(PY) -m bench.engine.throughput

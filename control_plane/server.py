@@ -92,7 +92,11 @@ class ControlPlane:
         )
         self.server: uvicorn.Server | None = None
         extra = [route for extend in extensions for route in extend(self)]
-        guard = [Middleware(RequireApiKey, guard=self.key_guard)] if options.require_api_key else []
+        guard = (
+            [Middleware(RequireApiKey, guard=self.key_guard, metrics=self.service.metrics)]
+            if options.require_api_key
+            else []
+        )
         self.app = build_app(
             self.service,
             self._lifespan,

@@ -32,7 +32,8 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dynask.control_plane.api.errors import APIError
-from dynask.control_plane.state.api_keys import ApiKeys, KeyHash, hash_key
+from dynask.control_plane.serving.metrics import ServingMetrics
+from dynask.control_plane.state.api_keys import PREFIX_LENGTH, ApiKeys, KeyHash, hash_key
 
 log = logging.getLogger(__name__)
 
@@ -115,11 +116,17 @@ class ApiKeyGuard:
 
 
 class RequireApiKey:
-    """ASGI middleware: ``/v1`` and below need a key that ``guard`` allows."""
+    """ASGI middleware: ``/v1`` and below need a key that ``guard`` allows.
 
-    def __init__(self, app: ASGIApp, guard: ApiKeyGuard) -> None:
+    With ``metrics``, each request let in counts against its key's public prefix (the
+    one ``dynask keys list`` shows; ``dsk_session_`` for the admin chat's keys)."""
+
+    def __init__(
+        self, app: ASGIApp, guard: ApiKeyGuard, metrics: ServingMetrics | None = None
+    ) -> None:
         self.app = app
         self.guard = guard
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope.get("path", "")
@@ -138,6 +145,8 @@ class RequireApiKey:
             return
         key = bearer_key(scope["headers"])
         if key is not None and self.guard.allows(key):
+            if self.metrics is not None:
+                self.metrics.api_key_requests.labels(key[:PREFIX_LENGTH]).inc()
             await self.app(scope, receive, send)
             return
         message = MISSING_KEY_MESSAGE if key is None else INVALID_KEY_MESSAGE

@@ -170,8 +170,13 @@ def normalize_dynamo_args(argv: Sequence[str]) -> list[str]:
     return result
 
 
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    """``argv`` (without the program name) as ``dynask`` reads it; exits on a mistake."""
+    return _parser().parse_args(normalize_dynamo_args(argv))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(normalize_dynamo_args(sys.argv[1:] if argv is None else argv))
+    args = parse(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(
         level=args.log_level.upper() if hasattr(args, "log_level") else "WARNING",
         format="%(levelname)s %(name)s: %(message)s",

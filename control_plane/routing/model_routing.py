@@ -31,6 +31,7 @@ from dynask.control_plane.routing.kv_event_sync import ActorKVSync
 from dynask.control_plane.routing.kv_router import (
     DEFAULT_LOG_SIZE,
     KV_MODE,
+    ROUTING_MODES,
     Candidate,
     DecisionLog,
     KVRouter,
@@ -105,6 +106,7 @@ class ModelRouting:
         self.block_size: int | None = None  # set by the first event-reporting actor
         self._metrics = metrics
         self._decision_seconds = metrics.routing_seconds.labels(model)  # resolved once
+        metrics.init_model(model, ROUTING_MODES)
         self._thresholds = options.thresholds
         self._routers: dict[str, KVRouter] = {}
         self._syncs: dict[str, ActorKVSync] = {}

@@ -1,15 +1,79 @@
-"""Prometheus metrics of the control plane, in a registry of its own (no globals)."""
+"""Prometheus metrics of the control plane, in a registry of its own (no globals).
+
+Design decisions:
+
+- Names follow the Prometheus conventions: the unit in the name (``_seconds``,
+  ``_blocks``, ``_tokens``), ``_ratio`` for fractions in [0, 1], and counters exposed as
+  ``_total`` (``prometheus_client`` appends it). ``deploy/observability/`` (dashboard,
+  recording and alert rules) queries these names; a test runs every query of it against
+  a real Prometheus scraping ``dynask run``.
+- Latency buckets fit LLM serving: TTFT spans a cached short prompt (milliseconds) to a
+  long prompt queued behind others (minutes); ITL is a decode step (milliseconds) up to a
+  stall of seconds.
+- Label values known in advance (admission limits, loss reasons, refusal reasons, routing
+  modes, a model's counters once it is served) start at 0, so a rate or an alert on them
+  has a series before the first event instead of "no data".
+"""
 
 from __future__ import annotations
 
+from collections import Counter as Tally
+from collections.abc import Iterable, Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from dynask.actors.api.stats import EngineStats
 from dynask.control_plane.serving.latency_window import LatencyWindow
 
-_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_TTFT_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
+    1, 1.5, 2, 3, 5, 7.5, 10, 15, 20, 30, 60, 120,
+)  # fmt: skip
+_ITL_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075,
+    0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2.5, 5,
+)  # fmt: skip
 _DECISION_BUCKETS = (5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2.5e-3, 1e-2)
 _BLOCK_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+
+# Label values known in advance (their counters start at 0).
+ADMISSION_LIMITS = ("in_flight", "prefill_tokens")
+LOSS_REASONS = ("stream_closed", "heartbeat", "engine_stalled", "scheduler")
+MIGRATION_REFUSALS = ("limit", "sampled", "no_engine")
+# DisaggOrchestrator.counters keys: where a request's prefill ran and why.
+DISAGG_OUTCOMES = (
+    "remote_prefills",
+    "remote_prefill_failed",
+    "local_short_or_cached",
+    "local_prefill_busy",
+    "local_handover_failed",
+    "local_decided_by_decode",
+)
+
+
+class _DisaggCollector(Collector):
+    """``dynask_disagg_prefills_total{outcome}`` and the KV blocks moved, read from the
+    orchestrator's own tallies at scrape time (nothing added to the request path)."""
+
+    def __init__(self) -> None:
+        self.counters: Tally[str] = Tally()
+
+    def collect(self) -> Iterator[Metric]:
+        prefills = CounterMetricFamily(
+            "dynask_disagg_prefills",
+            "Prefill decisions of disaggregated serving, by outcome (remote or local, why)",
+            labels=["outcome"],
+        )
+        for outcome in DISAGG_OUTCOMES:
+            prefills.add_metric([outcome], self.counters.get(outcome, 0))
+        yield prefills
+        yield CounterMetricFamily(
+            "dynask_disagg_kv_transferred_blocks",
+            "KV blocks moved from prefill to decode actors",
+            value=self.counters.get("blocks_moved", 0),
+        )
 
 
 class ServingMetrics:
@@ -29,14 +93,14 @@ class ServingMetrics:
             "dynask_time_to_first_token_seconds",
             "Time to first token",
             ["model"],
-            buckets=_LATENCY_BUCKETS,
+            buckets=_TTFT_BUCKETS,
             registry=r,
         )
         self.itl = Histogram(
             "dynask_inter_token_latency_seconds",
             "Time between streamed deltas",
             ["model"],
-            buckets=_LATENCY_BUCKETS,
+            buckets=_ITL_BUCKETS,
             registry=r,
         )
         self.input_tokens = Counter("dynask_input_tokens", "Prompt tokens", ["model"], registry=r)
@@ -50,10 +114,10 @@ class ServingMetrics:
             "dynask_actor_requests_waiting", "Waiting requests", ["actor"], registry=r
         )
         self.actor_kv_usage = Gauge(
-            "dynask_actor_kv_usage", "KV blocks in use (fraction)", ["actor"], registry=r
+            "dynask_actor_kv_usage_ratio", "KV blocks in use (fraction)", ["actor"], registry=r
         )
         self.actor_prefix_hit_rate = Gauge(
-            "dynask_actor_prefix_hit_rate",
+            "dynask_actor_prefix_cache_hit_ratio",
             "Prompt tokens served from the prefix cache",
             ["actor"],
             registry=r,
@@ -62,6 +126,14 @@ class ServingMetrics:
         self._add_routing_metrics()
         self._add_kv_tier_metrics()
         self._add_reliability_metrics()
+        self.api_key_requests = Counter(
+            "dynask_api_key_requests",
+            "Requests to /v1 let in by an API key, by the key's public prefix",
+            ["key"],
+            registry=r,
+        )
+        self._disagg = _DisaggCollector()
+        r.register(self._disagg)
         self._prompt_tokens_seen: dict[str, list[int]] = {}  # model -> [prompt, cached]
         self.latency_window = LatencyWindow()  # recent requests, read by the planner
 
@@ -106,7 +178,7 @@ class ServingMetrics:
             registry=r,
         )
         self.kv_hit_rate = Gauge(
-            "dynask_kv_hit_rate",
+            "dynask_kv_cache_hit_ratio",
             "Cached prompt tokens / prompt tokens, over the finished requests",
             ["model"],
             registry=r,
@@ -127,7 +199,7 @@ class ServingMetrics:
             registry=r,
         )
         self.actor_kv_tier_hit_rate = Gauge(
-            "dynask_actor_kv_tier_hit_rate",
+            "dynask_actor_kv_tier_hit_ratio",
             "Prompt tokens loaded from a tier / prompt tokens looked up",
             ["actor", "tier"],
             registry=r,
@@ -159,6 +231,25 @@ class ServingMetrics:
             ["limit"],
             registry=r,
         )
+        for limit in ADMISSION_LIMITS:
+            self.admission_refused.labels(limit)
+        for reason in LOSS_REASONS:
+            self.actors_lost.labels(reason)
+
+    def init_model(self, model: str, routing_modes: Iterable[str]) -> None:
+        """Starts a served model's counters at 0 (see the module docstring)."""
+        for counter in (self.input_tokens, self.output_tokens, self.cached_prompt_tokens):
+            counter.labels(model)
+        self.requests_shed.labels(model)
+        self.migrations.labels(model)
+        for reason in MIGRATION_REFUSALS:
+            self.migrations_refused.labels(model, reason)
+        for mode in routing_modes:
+            self.routing_decisions.labels(model, mode)
+
+    def watch_disagg(self, counters: Tally[str]) -> None:
+        """Exposes the disaggregation orchestrator's counters (read at each scrape)."""
+        self._disagg.counters = counters
 
     def observe_usage(self, model: str, prompt_tokens: int, cached_tokens: int) -> None:
         """A finished request's usage: feeds the KV hit rate."""

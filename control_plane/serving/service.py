@@ -49,6 +49,7 @@ class ServingService:
         self.metrics = metrics
         self.routing = routing or RoutingOptions()
         self.disagg = DisaggOrchestrator(disagg)
+        metrics.watch_disagg(self.disagg.counters)
         self.reliability = reliability or ReliabilityOptions()
         self.models: dict[str, ServedModel] = {}
         self.admission = Admission(

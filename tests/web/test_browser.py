@@ -4,7 +4,6 @@ each test's tmp folder (``pytest --basetemp=DIR`` keeps them somewhere known).""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,15 +13,13 @@ import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from tests.control_plane import server_process as sp
+from tests.system_tools import require
 
 CHROMIUM = "/usr/bin/chromium"
 PASSWORD = "browser-test-password"
 TIMEOUT_MS = 60_000
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason=f"{CHROMIUM} is not installed"),
-]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +58,7 @@ def browser() -> Iterator[Browser]:
     expect.set_options(timeout=TIMEOUT_MS)
     with sync_playwright() as playwright:
         chromium = playwright.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
+            executable_path=require(CHROMIUM), headless=True, args=["--no-sandbox"]
         )
         yield chromium
         chromium.close()

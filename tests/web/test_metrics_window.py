@@ -41,7 +41,7 @@ def test_a_point_compares_the_newest_reading_with_the_window_start() -> None:
     metrics.cached_prompt_tokens.labels("m").inc(10)
     metrics.requests.labels("m", "chat", "200").inc()
     metrics.in_flight.set(3)
-    for seconds in (0.004, 0.004, 0.004, 0.02):  # buckets (0.0025, 0.005] and (0.01, 0.025]
+    for seconds in (0.004, 0.004, 0.004, 0.02):  # buckets (0, 0.005] and (0.01, 0.025]
         metrics.ttft.labels("m").observe(seconds)
     point = window.point()
     assert point["t"] == 102.0
@@ -52,7 +52,7 @@ def test_a_point_compares_the_newest_reading_with_the_window_start() -> None:
         1.0,
         50.0,
     )
-    assert point["ttft_p50_ms"] == pytest.approx(2.5 + 2.5 * 2 / 3, abs=1e-3)
+    assert point["ttft_p50_ms"] == pytest.approx(5 * 2 / 3, abs=1e-3)
     assert point["ttft_p99_ms"] == pytest.approx(10 + 15 * 0.96, abs=1e-3)
     assert point["itl_p50_ms"] is None
 

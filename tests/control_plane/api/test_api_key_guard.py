@@ -45,6 +45,7 @@ class Guarded:
     guard: ApiKeyGuard
     client: TestClient
     now: list[float]
+    metrics: ServingMetrics
 
 
 @pytest.fixture
@@ -54,11 +55,11 @@ def guarded(tmp_path: Path) -> Iterator[Guarded]:
     keys = CountingKeys(engine)
     now = [100.0]
     guard = ApiKeyGuard(keys, REFRESH_S, clock=lambda: now[0])
-    app = build_app(
-        ServingService(ServingMetrics()), middleware=[Middleware(RequireApiKey, guard=guard)]
-    )
+    metrics = ServingMetrics()
+    middleware = [Middleware(RequireApiKey, guard=guard, metrics=metrics)]
+    app = build_app(ServingService(metrics), middleware=middleware)
     with TestClient(app) as client:
-        yield Guarded(keys, guard, client, now)
+        yield Guarded(keys, guard, client, now, metrics)
     engine.dispose()
 
 
@@ -107,6 +108,16 @@ def test_the_official_client_with_a_valid_key(guarded: Guarded) -> None:
             max_retries=0,
         ).models.list()
     assert raised.value.status_code == 401 and raised.value.code == "invalid_api_key"
+
+
+def test_requests_count_against_the_key_prefix(guarded: Guarded) -> None:
+    created = guarded.keys.create("app", "test")
+    for key in (created.key, created.key, "dsk_wrong"):
+        guarded.client.get("/v1/models", headers={"authorization": f"Bearer {key}"})
+    text = guarded.metrics.render().decode()
+    lines = [line for line in text.splitlines() if line.startswith("dynask_api_key_requests_total")]
+    assert lines == [f'dynask_api_key_requests_total{{key="{created.key[:12]}"}} 2.0']
+    assert created.key[:12] == created.record.prefix
 
 
 def test_keys_load_once_per_refresh_and_a_revoked_key_fails_after_it(guarded: Guarded) -> None:

@@ -77,6 +77,6 @@ def test_tier_gauges_appear_only_for_the_tiers_an_engine_has() -> None:
     text = metrics.render().decode()
     assert 'dynask_actor_kv_tier_blocks{actor="a",tier="host"} 3.0' in text
     assert 'dynask_actor_kv_tier_capacity_blocks{actor="a",tier="host"} 12.0' in text
-    assert 'dynask_actor_kv_tier_hit_rate{actor="a",tier="host"} 0.25' in text
-    assert 'dynask_actor_kv_tier_hit_rate{actor="a",tier="device"} 0.5' in text
+    assert 'dynask_actor_kv_tier_hit_ratio{actor="a",tier="host"} 0.25' in text
+    assert 'dynask_actor_kv_tier_hit_ratio{actor="a",tier="device"} 0.5' in text
     assert 'tier="disk"' not in text

@@ -66,7 +66,7 @@ def test_a_prompt_goes_to_the_actor_that_holds_its_prefix(smollm2_folder: Path) 
         assert (winner["uncached_blocks"], winner["cached_blocks"]) == (2, 10)
         assert reply.usage.prompt_tokens_details.cached_tokens == 160  # the engine agrees
         metrics = (await stack.http.get("/metrics")).text
-        assert f'dynask_kv_hit_rate{{model="{MODEL}"}} {160 / 360}' in metrics
+        assert f'dynask_kv_cache_hit_ratio{{model="{MODEL}"}} {160 / 360}' in metrics
         assert f'dynask_routing_decision_seconds_count{{model="{MODEL}"}} 2.0' in metrics
         assert f'dynask_routing_overlap_blocks_sum{{actor="{holder}"}} 10.0' in metrics
 

@@ -1,0 +1,129 @@
+"""PNG plots of benchmark results, written beside their JSON (``engine.json`` ->
+``engine.png``).
+
+- ``engine.py``: output tokens/s against batch size, ours and HF transformers, and the
+  TTFT of a long prompt cold and with its prefix cached.
+- ``routing.py``: the routing modes side by side per scenario: TTFT p50/p99, KV hit rate,
+  requests/s.
+- ``serve.py``: TTFT and ITL percentiles (p50, p99) against concurrency, per system
+  and engine: the latency distributions as the benchmark records them.
+
+    .venv/bin/python -m bench.common.plots               # engine, routing and serve results
+    .venv/bin/python -m bench.common.plots bench/results/routing.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+
+
+def engine_figure(data: dict[str, Any]) -> Figure:
+    rows = data["throughput"]
+    batches = [str(r["batch"]) for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    x = range(len(rows))
+    left.bar([i - 0.2 for i in x], [r["ours_tok_s"] for r in rows], 0.4, label="dynask")
+    hf = [r.get("hf_tok_s") or 0 for r in rows]
+    left.bar([i + 0.2 for i in x], hf, 0.4, label="HF transformers")
+    left.set_xticks(list(x), batches)
+    left.set(xlabel="batch size", ylabel="output tokens/s", title="Throughput vs batch")
+    left.legend()
+    ttft = data.get("ttft") or {}
+    if ttft:
+        right.bar(["cold", "prefix cached"], [ttft["cold_ms"], ttft["cached_ms"]])
+        right.set(
+            ylabel="ms", title=f"TTFT, {ttft['prompt_len']}-token prompt (x{ttft['speedup']:.1f})"
+        )
+    fig.suptitle(f"bench/engine.py, {data.get('timestamp', '')}")
+    fig.tight_layout()
+    return fig
+
+
+def routing_figure(data: dict[str, Any]) -> Figure:
+    rows = data["rows"]
+    scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    panels = [
+        ("ttft_p50_ms", "TTFT p50 (ms)"),
+        ("ttft_p99_ms", "TTFT p99 (ms)"),
+        ("kv_hit_rate", "KV hit rate"),
+        ("req_per_s", "requests/s"),
+    ]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 4))
+    width = 0.8 / len(modes)
+    for ax, (key, label) in zip(axes, panels, strict=True):
+        for m, mode in enumerate(modes):
+            values = [
+                next((r.get(key) or 0 for r in rows if r["scenario"] == s and r["mode"] == mode), 0)
+                for s in scenarios
+            ]
+            ax.bar([i + (m - (len(modes) - 1) / 2) * width for i in range(len(scenarios))], values,
+                   width, label=mode)  # fmt: skip
+        ax.set_xticks(range(len(scenarios)), scenarios)
+        ax.set_title(label)
+    axes[0].legend()
+    fig.suptitle(f"bench/routing.py: routing modes side by side, {data.get('timestamp', '')}")
+    fig.tight_layout()
+    return fig
+
+
+def serve_figure(data: dict[str, Any]) -> Figure:
+    rows = data["rows"]
+    fig, (ttft_ax, itl_ax) = plt.subplots(1, 2, figsize=(12, 4.5))
+    series: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        series.setdefault(f"{row['system']} {row['engine']}", []).append(row)
+    for name, items in series.items():
+        items.sort(key=lambda r: r["concurrency"])
+        conc = [r["concurrency"] for r in items]
+        for ax, metric in ((ttft_ax, "ttft"), (itl_ax, "itl")):
+            for pct, style in (("p50", "-o"), ("p99", "--o")):
+                values = [r["load"].get(f"{metric}_{pct}_ms") for r in items]
+                if any(v is not None for v in values):
+                    ax.plot(conc, values, style, label=f"{name} {pct}")
+    for ax, title in ((ttft_ax, "TTFT"), (itl_ax, "Inter-token latency")):
+        ax.set(xlabel="concurrent streams", ylabel="ms", title=title, xscale="log", yscale="log")
+    itl_ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    fig.suptitle(f"bench/serve.py: latency distribution, {data.get('timestamp', '')}")
+    fig.tight_layout()
+    return fig
+
+
+FIGURES: dict[str, Callable[[dict[str, Any]], Figure]] = {
+    "throughput": engine_figure,  # the key that tells a result's kind apart
+    "scenarios": routing_figure,
+    "engine_ttft": serve_figure,
+}
+
+
+def plot(path: Path) -> Path:
+    """Writes the PNG of one result file beside it; returns its path."""
+    data = json.loads(path.read_text())
+    kind = next((key for key in FIGURES if key in data), None)
+    if kind is None:
+        raise ValueError(f"{path}: not a result of engine.py, routing.py or serve.py")
+    figure = FIGURES[kind](data)
+    out = path.with_suffix(".png")
+    figure.savefig(out, dpi=100)
+    plt.close(figure)
+    return out
+
+
+if __name__ == "__main__":
+    paths = [Path(p) for p in sys.argv[1:]] or [
+        RESULTS / name for name in ("engine.json", "routing.json", "serve.json")
+    ]
+    for path in paths:
+        print(f"wrote {plot(path)}")

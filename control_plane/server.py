@@ -7,6 +7,7 @@ model path, say), the error is printed and the server exits with status 1.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import sys
@@ -22,10 +23,14 @@ from starlette.routing import BaseRoute
 from dynask.control_plane.api.app import build_app
 from dynask.control_plane.api.engines_routes import make_engines_routes
 from dynask.control_plane.api.key_guard import ApiKeyGuard, RequireApiKey
-from dynask.control_plane.cluster.plan import DeploymentPlan
 from dynask.control_plane.cluster.reconciler import ClusterRuntime
-from dynask.control_plane.cluster.state_sync import ActorRecorder, store_deployments, stored_plans
+from dynask.control_plane.cluster.state_sync import (
+    ActorRecorder,
+    store_deployments,
+    stored_deployments,
+)
 from dynask.control_plane.disagg.orchestrator import DisaggOptions
+from dynask.control_plane.flags import flag, origins
 from dynask.control_plane.planner.decision import PlannerConfig
 from dynask.control_plane.planner.loop import PlannerLoop
 from dynask.control_plane.reliability.options import ReliabilityOptions
@@ -34,6 +39,7 @@ from dynask.control_plane.serving.metrics import ServingMetrics
 from dynask.control_plane.serving.service import ServingService
 from dynask.control_plane.state.api_keys import ApiKeys
 from dynask.control_plane.state.database import default_database_url, make_engine, upgrade
+from dynask.control_plane.state.deployment import DeploymentSpec
 from dynask.control_plane.state.repository import Repository
 
 log = logging.getLogger(__name__)
@@ -43,14 +49,30 @@ STATS_INTERVAL_S = 1.0
 
 @dataclass(frozen=True)
 class ServerOptions:
-    host: str = "127.0.0.1"
-    port: int = 8000
+    """How ``run`` and ``serve`` serve; the flagged fields are their common flags."""
+
+    host: str = flag("--host", "127.0.0.1")
+    require_api_key: bool = flag(  # /v1 needs ``Authorization: Bearer KEY``
+        "--require-api-key",
+        False,
+        "/v1 needs 'Authorization: Bearer KEY' (see `dynask keys`; default: off)",
+        action=argparse.BooleanOptionalAction,
+    )
+    port: int = flag("--port", 8000, type=int)
+    database_url: str | None = flag(  # None: $DYNASK_DATABASE_URL or the SQLite default
+        "--database-url", None, "default: $DYNASK_DATABASE_URL or SQLite"
+    )
+    cors_allow_origins: tuple[str, ...] = flag(
+        "--cors-allow-origins",
+        (),
+        "browser origins allowed to call the API, comma-separated, e.g. "
+        "'https://app.example.com,http://localhost:3000' or '*' (default: none, CORS off)",
+        type=origins,
+    )
     routing: RoutingOptions = field(default_factory=RoutingOptions)
     scheduler_address: str | None = None  # None: an embedded LocalCluster
     n_workers: int = 1
-    database_url: str | None = None  # None: $DYNASK_DATABASE_URL or the SQLite default
     who: str = "cli"  # recorded in the event log
-    require_api_key: bool = False  # /v1 needs ``Authorization: Bearer KEY``
     disagg: DisaggOptions = field(default_factory=DisaggOptions)  # prefill/decode roles
     reliability: ReliabilityOptions = field(default_factory=ReliabilityOptions)
     planner: PlannerConfig | None = None  # None: no autoscaling
@@ -66,7 +88,7 @@ class ControlPlane:
 
     def __init__(
         self,
-        deployments: list[DeploymentPlan],
+        deployments: list[DeploymentSpec],
         options: ServerOptions,
         extensions: Sequence[Extension] = (),
     ) -> None:
@@ -102,15 +124,17 @@ class ControlPlane:
             self._lifespan,
             [*make_engines_routes(self.service, self.runtime.refresh_stats), *extra],
             middleware=guard,
+            api_key_required=options.require_api_key,
+            cors_allow_origins=options.cors_allow_origins,
         )
 
-    def _desired_state(self, deployments: list[DeploymentPlan]) -> list[DeploymentPlan]:
+    def _desired_state(self, deployments: list[DeploymentSpec]) -> list[DeploymentSpec]:
         """Migrates the database, stores ``deployments``, or restores them when empty."""
         upgrade(self.repo.engine)
         if deployments:
             store_deployments(self.repo, deployments, self.options.who)
             return deployments
-        restored = stored_plans(self.repo)
+        restored = stored_deployments(self.repo)
         if not restored:
             raise ValueError(
                 "no deployments: pass -f deploy.yaml (see deploy/deploy.yaml); the database "

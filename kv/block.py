@@ -39,11 +39,6 @@ class Block:
         if self.ref_cnt < 0:
             raise ValueError(f"Block.ref_cnt must be >= 0, got {self.ref_cnt!r}")
 
-    @property
-    def is_cached(self) -> bool:
-        """Whether the block is registered in the prefix cache."""
-        return self.block_hash is not None
-
     def forget_hash(self) -> None:
         """Drop the prefix-cache identity (on eviction or cache reset)."""
         self.block_hash = None

@@ -13,8 +13,12 @@ from typing import Any
 from starlette.datastructures import FormData
 
 from dynask.control_plane.cluster.deployment_admin import DeploymentInvalidError
-from dynask.control_plane.cluster.state_sync import BUNDLED_MODEL
-from dynask.control_plane.state.repository import NAME_PATTERN, DeploymentSpec
+from dynask.control_plane.state.deployment import (
+    BUNDLED_MODEL,
+    NAME_PATTERN,
+    DeploymentSpec,
+    parse_role,
+)
 
 MAX_REPLICAS = 64
 DEPLOYMENT_FIELDS = ("name", "model", "served_model_name", "engine", "role", "replicas")
@@ -70,7 +74,7 @@ class DeploymentForm:
                     name=values["name"],
                     model=model or BUNDLED_MODEL,
                     engine=values.get("engine", ""),
-                    role=values.get("role", ""),
+                    role=parse_role(values.get("role", "")),
                     replicas=replicas,
                     engine_args=engine_args,
                     served_model_name=values.get("served_model_name") or name,

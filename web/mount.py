@@ -64,7 +64,7 @@ def admin_routes(deps: AdminDeps, secret: str) -> list[BaseRoute]:
         return RedirectResponse(f"{BASE}/", status_code=307)
 
     return [
-        Route("/", to_admin, methods=["GET"]),
-        Route(BASE, to_admin, methods=["GET"]),
+        Route("/", to_admin, methods=["GET"], include_in_schema=False),  # not the API
+        Route(BASE, to_admin, methods=["GET"], include_in_schema=False),
         Mount(BASE, app=make_admin_app(deps, secret)),
     ]

@@ -13,6 +13,7 @@ from typing import Any
 from dynask.actors.api.stats import EngineStats
 from dynask.control_plane.cluster.cluster_admin import ClusterAdmin, ClusterView
 from dynask.control_plane.serving.service import ServingService
+from dynask.control_plane.state.deployment import Role
 from dynask.control_plane.state.repository import Repository
 
 
@@ -31,7 +32,7 @@ class ActorRow:
 
     name: str
     deployment: str
-    role: str
+    role: Role
     model: str
     worker: str
     running: int
@@ -74,7 +75,7 @@ async def take_snapshot(
     return Snapshot(view, actor_rows(service, roles))
 
 
-def actor_rows(service: ServingService, roles: dict[str, str]) -> list[ActorRow]:
+def actor_rows(service: ServingService, roles: dict[str, Role]) -> list[ActorRow]:
     rows = []
     for model in service.models.values():
         for handle in model.actors:
@@ -84,7 +85,7 @@ def actor_rows(service: ServingService, roles: dict[str, str]) -> list[ActorRow]
                 ActorRow(
                     name=handle.name,
                     deployment=handle.deployment,
-                    role=roles.get(handle.deployment, "aggregated"),
+                    role=roles.get(handle.deployment, Role.AGGREGATED),
                     model=model.name,
                     worker=handle.worker,
                     running=stats.num_running if stats else 0,

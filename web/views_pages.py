@@ -12,7 +12,7 @@ from starlette.routing import Route
 
 from dynask.control_plane.cluster.deployment_admin import DEPLOYABLE_ENGINES
 from dynask.control_plane.graphs.store import stored_graphs
-from dynask.control_plane.state.models import ROLES
+from dynask.control_plane.state.deployment import ROLES
 from dynask.web.deps import AdminDeps
 from dynask.web.forms import MAX_REPLICAS, DeploymentForm
 from dynask.web.snapshot import take_snapshot

@@ -37,6 +37,7 @@ from dynask.control_plane.serving.actor_handle import ActorHandle
 from dynask.control_plane.serving.metrics import ServingMetrics
 from dynask.control_plane.serving.request import PreparedRequest
 from dynask.control_plane.serving.service import ServingService
+from dynask.control_plane.state.deployment import Role
 
 MODEL = "m"
 
@@ -153,7 +154,7 @@ async def _connect(
         info = ActorInfo.from_dict(await proxy.start())
         if role != "aggregated":
             info = info.with_kv_transfer(await proxy.open_kv_transfer(disagg.transport))
-        handle = ActorHandle(info.name, role, proxy, info, role=role)
+        handle = ActorHandle(info.name, role, proxy, info, role=Role(role))
         await handle.connect()
         service.add_actor(MODEL, handle)
         handles.append(handle)

@@ -38,7 +38,8 @@ from dynask.control_plane.serving.latency_window import percentile
 from dynask.control_plane.serving.metrics import ServingMetrics
 from dynask.control_plane.serving.service import ServingService
 from dynask.control_plane.state.database import make_engine, upgrade
-from dynask.control_plane.state.repository import DeploymentSpec, Repository
+from dynask.control_plane.state.deployment import DeploymentSpec
+from dynask.control_plane.state.repository import Repository
 
 MODEL = "bench"
 PORT = 8791

@@ -2,25 +2,24 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute
 
 from dynask.control_plane.api.errors import APIError, from_serving
+from dynask.control_plane.api.internal_errors import CatchInternalErrors
 from dynask.control_plane.api.openai_routes import make_openai_routes
-from dynask.control_plane.api.openapi_document import openapi_document
+from dynask.control_plane.api.openapi_document import ApiRoute, Operation, openapi_document
 from dynask.control_plane.api.routing_routes import make_routing_routes
 from dynask.control_plane.serving.errors import ServingError
 from dynask.control_plane.serving.service import ServingService
-
-log = logging.getLogger(__name__)
 
 Lifespan = Callable[[Starlette], AbstractAsyncContextManager[None]]
 
@@ -30,26 +29,46 @@ def build_app(
     lifespan: Lifespan | None = None,
     extra_routes: list[BaseRoute] | None = None,
     middleware: Sequence[Middleware] = (),
+    api_key_required: bool = False,
+    cors_allow_origins: Sequence[str] = (),
 ) -> Starlette:
     """The control plane's HTTP app over ``service``; ``lifespan`` starts the cluster side;
-    ``middleware`` wraps every route (the API-key guard is one)."""
+    ``middleware`` wraps every route (the API-key guard is one); ``api_key_required`` is
+    what ``/openapi.json`` says of the bearer scheme on ``/v1``; ``cors_allow_origins``
+    (none: CORS off) are the browser origins that may call the API.
+
+    Outermost first: CORS (a preflight is answered before any key check, and every answer,
+    a 500 too, carries its headers), then ``CatchInternalErrors``, then ``middleware``."""
     routes: list[BaseRoute] = [
         *make_openai_routes(service),
         *make_routing_routes(service),
-        *_operational_routes(service),
+        *_operational_routes(service, api_key_required),
         *(extra_routes or []),
     ]
     return Starlette(
         routes=routes,
         lifespan=lifespan or _no_lifespan,
-        middleware=list(middleware),
+        middleware=[*_cors(cors_allow_origins), Middleware(CatchInternalErrors), *middleware],
         exception_handlers={
             APIError: _api_error,
             ServingError: _serving_error,
             HTTPException: _http_error,
-            Exception: _unexpected_error,
         },
     )
+
+
+def _cors(origins: Sequence[str]) -> list[Middleware]:
+    if not origins:
+        return []
+    return [
+        Middleware(
+            CORSMiddleware,
+            allow_origins=list(origins),
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["*"],  # OpenAI's SDKs send many (x-stainless-*): mirror them
+            max_age=600,
+        )
+    ]
 
 
 @asynccontextmanager
@@ -57,7 +76,7 @@ async def _no_lifespan(_: Starlette) -> AsyncIterator[None]:
     yield
 
 
-def _operational_routes(service: ServingService) -> list[Route]:
+def _operational_routes(service: ServingService, api_key_required: bool) -> list[ApiRoute]:
     async def health(_: Request) -> Response:
         actors = [
             {
@@ -79,14 +98,33 @@ def _operational_routes(service: ServingService) -> list[Route]:
     async def metrics(_: Request) -> Response:
         return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
 
-    async def openapi(_: Request) -> Response:
-        return JSONResponse(openapi_document())
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(openapi_document(request.app.routes, api_key_required))
 
+    get = ["GET"]
     return [
-        Route("/health", health),
-        Route("/live", live),
-        Route("/metrics", metrics),
-        Route("/openapi.json", openapi),
+        ApiRoute(
+            "/health",
+            health,
+            methods=get,
+            operation=Operation(
+                "Readiness",
+                {"200": "ready", "503": '{"status": "starting"}: no engine ready yet'},
+            ),
+        ),
+        ApiRoute("/live", live, methods=get, operation=Operation("Liveness", {"200": "live"})),
+        ApiRoute(
+            "/metrics",
+            metrics,
+            methods=get,
+            operation=Operation("Prometheus metrics", {"200": "text"}),
+        ),
+        ApiRoute(
+            "/openapi.json",
+            openapi,
+            methods=get,
+            operation=Operation("This document", {"200": "OpenAPI 3.1"}),
+        ),
     ]
 
 
@@ -104,11 +142,3 @@ async def _http_error(_: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     error = APIError(str(exc.detail), status=exc.status_code, code=f"http_{exc.status_code}")
     return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
-
-
-async def _unexpected_error(request: Request, exc: Exception) -> Response:
-    log.exception("unexpected error serving %s %s", request.method, request.url.path)
-    error = APIError(
-        f"internal error: {type(exc).__name__}: {exc}", status=500, code="internal_error"
-    )
-    return JSONResponse(error.body(), status_code=500)

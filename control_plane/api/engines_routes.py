@@ -6,14 +6,14 @@ from collections.abc import Awaitable, Callable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
+from dynask.control_plane.api.openapi_document import ApiRoute, Operation
 from dynask.control_plane.serving.service import ServingService
 
 
 def make_engines_routes(
     service: ServingService, refresh_stats: Callable[[], Awaitable[None]]
-) -> list[Route]:
+) -> list[ApiRoute]:
     """``refresh_stats`` asks every actor for fresh stats before the answer is built."""
 
     async def engines(_: Request) -> Response:
@@ -31,4 +31,8 @@ def make_engines_routes(
             ]
         )
 
-    return [Route("/v1/engines", engines, methods=["GET"])]
+    operation = Operation(
+        "The ready engine actors: placement, requests in flight, latest stats",
+        {"200": "an array of engines"},
+    )
+    return [ApiRoute("/v1/engines", engines, methods=["GET"], operation=operation)]

@@ -38,14 +38,32 @@ class APIError(Exception):
         self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
+        """The JSON body; text that UTF-8 cannot encode (a lone surrogate quoted from the
+        request or an exception) is escaped, so the answer itself can always be sent."""
         return {
             "error": {
-                "message": self.message,
+                "message": utf8_safe(self.message),
                 "type": self.error_type,
-                "param": self.param,
+                "param": None if self.param is None else utf8_safe(_cut(self.param)),
                 "code": self.code,
             }
         }
+
+
+PARAM_CHARS = 200  # a param names a field; a client's megabyte-long key is cut
+
+
+def _cut(param: str) -> str:
+    return param if len(param) <= PARAM_CHARS else param[:PARAM_CHARS] + "..."
+
+
+def utf8_safe(text: str) -> str:
+    """``text``, with what UTF-8 cannot encode written as backslash escapes."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode()
+    return text
 
 
 def _default_type(status: int) -> str:
@@ -60,8 +78,8 @@ def _default_type(status: int) -> str:
     return "invalid_request_error"
 
 
-def invalid(param: str, message: str) -> APIError:
-    return APIError(message, status=400, param=param, code="invalid_value")
+def invalid(param: str, message: str, code: str = "invalid_value") -> APIError:
+    return APIError(message, status=400, param=param, code=code)
 
 
 def from_serving(error: ServingError) -> APIError:

@@ -8,28 +8,38 @@ with ``finish_reason``, an optional usage chunk (``stream_options.include_usage`
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from dynask.actors.api.outputs import FinishReason, RequestOutput, Usage
 from dynask.control_plane.api.errors import APIError, from_serving
-from dynask.control_plane.api.request_schema import parse_chat, parse_completion
+from dynask.control_plane.api.internal_errors import internal_error
+from dynask.control_plane.api.openapi_document import GENERATION_ERRORS, ApiRoute, Operation
+from dynask.control_plane.api.request_schema import (
+    CHAT_FIELDS,
+    COMPLETION_FIELDS,
+    parse_chat,
+    parse_completion,
+)
 from dynask.control_plane.api.sse import TokenEventResponse
 from dynask.control_plane.serving.admitted_request import AdmittedRequest
 from dynask.control_plane.serving.errors import ServingError
 from dynask.control_plane.serving.request import GenerationRequest, PreparedRequest
 from dynask.control_plane.serving.service import ServingService
 
+log = logging.getLogger(__name__)
+
 MAX_BODY_BYTES = 4 * 2**20
 
 
-def make_openai_routes(service: ServingService) -> list[Route]:
+def make_openai_routes(service: ServingService) -> list[ApiRoute]:
     async def chat(request: Request) -> Response:
         return await _serve(service, request, parse_chat, _ChatFormat)
 
@@ -51,10 +61,32 @@ def make_openai_routes(service: ServingService) -> list[Route]:
         return JSONResponse({"object": "list", "data": data})
 
     return [
-        Route("/v1/chat/completions", chat, methods=["POST"]),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
+        ApiRoute("/v1/chat/completions", chat, methods=["POST"], operation=CHAT_OPERATION),
+        ApiRoute("/v1/completions", completions, methods=["POST"], operation=COMPLETION_OPERATION),
+        ApiRoute(
+            "/v1/models",
+            models,
+            methods=["GET"],
+            operation=Operation("Served models", {"200": "OpenAI's list of models"}),
+        ),
     ]
+
+
+_GENERATED = {"200": "JSON, or an SSE stream when stream=true"}
+CHAT_OPERATION = Operation(
+    "Chat completion (OpenAI-compatible)",
+    _GENERATED,
+    GENERATION_ERRORS,
+    body=CHAT_FIELDS,
+    required=("model", "messages"),
+)
+COMPLETION_OPERATION = Operation(
+    "Text completion (OpenAI-compatible)",
+    _GENERATED,
+    GENERATION_ERRORS,
+    body=COMPLETION_FIELDS,
+    required=("model", "prompt"),
+)
 
 
 async def read_json(request: Request) -> Any:
@@ -90,7 +122,8 @@ async def _serve(
     parsed = parse(await read_json(request))
     if service.request_hook is not None:  # an inference graph's custom Processor
         parsed = await service.request_hook(parsed)
-    prepared = service.prepare(parsed, fmt.id_prefix)
+    # The chat template and the tokenizer take a CPU second per MB of text: not on the loop.
+    prepared = await asyncio.to_thread(service.prepare, parsed, fmt.id_prefix)
     formatter = fmt(prepared, parsed.model)
     admitted = service.admit(prepared)  # before any response: a 503 stays a 503
     metrics = service.metrics
@@ -174,6 +207,9 @@ async def _sse_events(
         yield sse_event(exc.body())
     except ServingError as exc:
         yield sse_event(from_serving(exc).body())
+    except Exception as exc:  # the same for a failure of ours: an error event, then [DONE]
+        log.exception("stream %s failed after it started", admitted.prepared.request_id)
+        yield sse_event(internal_error(exc).body())
     yield b"data: [DONE]\n\n"
 
 

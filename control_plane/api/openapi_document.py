@@ -1,14 +1,31 @@
-"""A hand-written OpenAPI 3.1 document for the endpoints we serve."""
+"""The OpenAPI 3.1 document, generated from the app's own routes and request fields.
+
+Each HTTP route of the API is an ``ApiRoute``: a Starlette ``Route`` that carries its
+``Operation`` (summary, request body or query fields, answers). ``openapi_document``
+walks the app's routes, so a served route cannot be missing from the document, and the
+request bodies are the same ``request_fields`` declarations the validator reads. A route
+that is no part of the API (the admin UI's redirect) says so with
+``include_in_schema=False``; a ``Mount`` (the admin UI) is not described. Any other
+plain ``Route`` is an error: ``undocumented_routes`` names them, and a test keeps the list
+empty.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from dynask.control_plane.api.request_schema import INT64_MAX, INT64_MIN, ROLES
-from dynask.control_plane.routing.kv_router import ROUTING_MODES
+from starlette.routing import BaseRoute, Route
 
-_ERROR = {
+from dynask.control_plane.api.request_fields import Field, Schema, body_schema
+
+BEARER = "bearerAuth"
+VERSION = "0.1.0"
+
+_ERROR: Schema = {
     "type": "object",
+    "required": ["error"],
     "properties": {
         "error": {
             "type": "object",
@@ -23,65 +40,93 @@ _ERROR = {
     },
 }
 
-_SAMPLING = {
-    "model": {"type": "string"},
-    "max_tokens": {"type": "integer", "minimum": 1},
-    "max_completion_tokens": {"type": "integer", "minimum": 1},
-    "temperature": {"type": "number", "minimum": 0, "maximum": 2},
-    "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
-    "top_k": {"type": "integer", "minimum": -1, "maximum": INT64_MAX},
-    "seed": {"type": "integer", "minimum": INT64_MIN, "maximum": INT64_MAX},
-    "stop": {
-        "oneOf": [
-            {"type": "string", "minLength": 1},
-            {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 4},
-        ]
-    },
-    "stream": {"type": "boolean"},
-    "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
-    "n": {"type": "integer", "enum": [1]},
-    "ignore_eos": {"type": "boolean"},
-    "router_mode": {"type": "string", "enum": list(ROUTING_MODES)},
-}
+
+@dataclass(frozen=True)
+class Operation:
+    """What the document says about one route: ``answers`` are described only, ``errors``
+    carry OpenAI's error body; ``body`` (a JSON request body) and ``query`` are fields."""
+
+    summary: str
+    answers: dict[str, str]
+    errors: dict[str, str] = field(default_factory=dict)
+    body: tuple[Field, ...] = ()
+    required: tuple[str, ...] = ()  # of the body
+    query: tuple[Field, ...] = ()
 
 
-_TEXT_PART = {
-    "type": "object",
-    "required": ["type", "text"],
-    "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
-}
+class ApiRoute(Route):
+    """A ``Route`` with its ``Operation``."""
+
+    def __init__(
+        self,
+        path: str,
+        endpoint: Callable[..., Any],
+        *,
+        methods: Sequence[str],
+        operation: Operation,
+    ) -> None:
+        super().__init__(path, endpoint, methods=list(methods))
+        self.operation = operation
 
 
-def _post(summary: str, body: dict[str, Any]) -> dict[str, Any]:
+def openapi_document(routes: Iterable[BaseRoute], api_key_required: bool = False) -> Schema:
+    """The document of ``routes``; ``/v1`` operations carry the bearer scheme (required
+    when ``api_key_required``, else optional) and, when required, a 401 answer."""
+    paths: dict[str, dict[str, Any]] = {}
+    for route in routes:
+        if isinstance(route, ApiRoute):
+            for method in sorted(route.methods or ()):
+                if method != "HEAD":
+                    paths.setdefault(route.path, {})[method.lower()] = _operation(
+                        route.path, route.operation, api_key_required
+                    )
     return {
-        "post": {
-            "summary": summary,
-            "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
-            "responses": {
-                "200": {"description": "JSON, or an SSE stream when stream=true"},
-                **_errors(
-                    {
-                        "400": "invalid request",
-                        "404": "unknown model",
-                        "413": "request body too large",
-                        "503": "no engine ready, or every engine overloaded (Retry-After)",
-                    }
-                ),
-            },
-        }
+        "openapi": "3.1.0",
+        "info": {"title": "dynask", "version": VERSION},
+        "paths": paths,
+        "components": {
+            "securitySchemes": {
+                BEARER: {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "an API key (`dynask keys create NAME`); required on /v1 "
+                    "when the server runs with --require-api-key",
+                }
+            }
+        },
     }
 
 
-def _get(
-    summary: str,
-    answers: dict[str, str],
-    errors: dict[str, str] | None = None,
-    **operation: Any,
-) -> dict[str, Any]:
-    """A GET: ``answers`` are described only, ``errors`` carry OpenAI's error body."""
-    described = {status: {"description": text} for status, text in answers.items()}
-    responses = {**described, **_errors(errors or {})}
-    return {"get": {"summary": summary, **operation, "responses": responses}}
+def undocumented_routes(routes: Iterable[BaseRoute]) -> list[str]:
+    """The plain routes that are neither ``ApiRoute``s nor marked out of the schema."""
+    return [
+        route.path
+        for route in routes
+        if isinstance(route, Route) and not isinstance(route, ApiRoute) and route.include_in_schema
+    ]
+
+
+def _operation(path: str, operation: Operation, api_key_required: bool) -> Schema:
+    errors = dict(operation.errors)
+    result: Schema = {"summary": operation.summary}
+    if path.startswith("/v1"):
+        result["security"] = [{BEARER: []}] if api_key_required else [{}, {BEARER: []}]
+        if api_key_required:
+            errors["401"] = "missing or invalid API key"
+    if operation.query:
+        result["parameters"] = [
+            {"name": f.name, "in": "query", "required": False, "schema": f.document()}
+            for f in operation.query
+        ]
+    if operation.body:
+        schema = body_schema(operation.body, operation.required)
+        result["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": schema}},
+        }
+    described = {status: {"description": text} for status, text in operation.answers.items()}
+    result["responses"] = {**described, **_errors(errors)}
+    return result
 
 
 def _errors(statuses: dict[str, str]) -> dict[str, Any]:
@@ -91,68 +136,9 @@ def _errors(statuses: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def openapi_document() -> dict[str, Any]:
-    chat = {
-        "type": "object",
-        "required": ["model", "messages"],
-        "properties": {
-            **_SAMPLING,
-            "messages": {
-                "type": "array",
-                "minItems": 1,
-                "items": {
-                    "type": "object",
-                    "required": ["role", "content"],
-                    "properties": {
-                        "role": {"type": "string", "enum": list(ROLES)},
-                        "content": {
-                            "oneOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}],
-                            "description": "an assistant message may leave it out or send null",
-                        },
-                    },
-                },
-            },
-        },
-    }
-    completion = {
-        "type": "object",
-        "required": ["model", "prompt"],
-        "properties": {
-            **_SAMPLING,
-            "prompt": {
-                "oneOf": [
-                    {"type": "string", "minLength": 1},
-                    {
-                        "type": "array",
-                        "items": {"type": "integer", "minimum": 0},
-                        "minItems": 1,
-                        "description": "token ids, each below the model's vocabulary size",
-                    },
-                ]
-            },
-        },
-    }
-    return {
-        "openapi": "3.1.0",
-        "info": {"title": "dynask", "version": "0.1.0"},
-        "paths": {
-            "/v1/chat/completions": _post("Chat completion (OpenAI-compatible)", chat),
-            "/v1/completions": _post("Text completion (OpenAI-compatible)", completion),
-            "/v1/models": _get("Served models", {"200": "list"}),
-            "/v1/routing/decisions": _get(
-                "Recent routing decisions with every candidate's terms",
-                {"200": "list, newest first"},
-                {"400": "limit outside [1, the decision log's size]", "404": "unknown model"},
-                parameters=[
-                    {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1}},
-                    {"name": "model", "in": "query", "schema": {"type": "string"}},
-                ],
-            ),
-            "/health": _get(
-                "Readiness",
-                {"200": "ready", "503": '{"status": "starting"}: no engine ready yet'},
-            ),
-            "/live": _get("Liveness", {"200": "live"}),
-            "/metrics": _get("Prometheus metrics", {"200": "text"}),
-        },
-    }
+GENERATION_ERRORS = {
+    "400": "invalid request: the message names the parameter",
+    "404": "unknown model",
+    "413": "request body too large",
+    "503": "no engine ready, or every engine overloaded (Retry-After)",
+}

@@ -1,130 +1,47 @@
 """Validation of OpenAI request bodies into the serving pipeline's ``GenerationRequest``.
 
-Every rule names the parameter and the bad value, so a client sees exactly what to fix.
-Unknown fields are ignored (clients send ``user``, ``metadata`` …); features we do not
-implement (n > 1, penalties, logprobs, tools) are refused explicitly rather than ignored.
-Extensions: ``ignore_eos``, ``top_k`` and ``router_mode`` (this request's routing mode,
-overriding the server's ``--router-mode``).
+The parameters of chat and completions are declared once, as ``request_fields.Field``s
+(``CHAT_FIELDS``, ``COMPLETION_FIELDS``): this module reads bodies with them and
+``openapi_document`` shows them. Every rule names the parameter and the bad value, so a
+client sees exactly what to fix. Nothing is dropped silently: OpenAI parameters dynask
+does not serve (tools, logprobs, n > 1, penalties …) pass only at their neutral values
+and are refused by name otherwise, and a key no field declares is refused by name too.
+Informational ones (``user``, ``metadata`` …) are accepted; they change no output.
+Strings that cannot be encoded as UTF-8 (a lone surrogate such as ``"\\ud800"``) are a
+400 naming where they are. Extensions: ``ignore_eos``, ``top_k`` and ``router_mode``
+(this request's routing mode, overriding the server's ``--router-mode``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from dynask.control_plane.api.chat_messages import MESSAGE_SCHEMA, read_messages
 from dynask.control_plane.api.errors import invalid
+from dynask.control_plane.api.request_fields import (
+    Accepted,
+    Boolean,
+    Choice,
+    Custom,
+    Field,
+    Integer,
+    Number,
+    Refused,
+    Text,
+    check_encodable,
+    is_int,
+    read_body,
+    shown,
+)
 from dynask.control_plane.routing.kv_router import ROUTING_MODES
 from dynask.control_plane.serving.request import GenerationRequest
 
-ROLES = ("system", "developer", "user", "assistant", "tool")
 # Integers cross to the actor as msgpack and seed a torch.Generator: both stop at 64 bits.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-_UNSUPPORTED_NONZERO = ("presence_penalty", "frequency_penalty")
-_UNSUPPORTED_TRUTHY = ("logprobs", "top_logprobs", "tools", "functions", "suffix", "echo")
+MAX_STOP = 4
 
 
-def parse_chat(body: Any) -> GenerationRequest:
-    body = _object(body)
-    return _common(body, messages=_messages(body.get("messages")), prompt=None)
-
-
-def parse_completion(body: Any) -> GenerationRequest:
-    body = _object(body)
-    return _common(body, messages=None, prompt=_prompt(body.get("prompt")))
-
-
-def _object(body: Any) -> dict[str, Any]:
-    if not isinstance(body, dict):
-        raise invalid("body", f"the request body must be a JSON object, not {type(body).__name__}")
-    return body
-
-
-def _common(
-    body: dict[str, Any], messages: list[dict[str, Any]] | None, prompt: str | list[int] | None
-) -> GenerationRequest:
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise invalid("model", "'model' is required and must be a non-empty string")
-    _refuse_unsupported(body)
-    stream = _bool(body, "stream", False)
-    options = body.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise invalid("stream_options", "'stream_options' must be an object")
-    return GenerationRequest(
-        model=model,
-        messages=messages,
-        prompt=prompt,
-        max_tokens=_max_tokens(body),
-        sampling=_sampling(body),
-        stream=stream,
-        include_usage=bool(stream and options and _bool(options, "include_usage", False)),
-        router_mode=_router_mode(body.get("router_mode")),
-    )
-
-
-def _router_mode(value: Any) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, str) and value in ROUTING_MODES:
-        return value
-    raise invalid(
-        "router_mode",
-        f"'router_mode' has value {value!r}; use one of {', '.join(ROUTING_MODES)}, "
-        "or leave it out for the server's default",
-    )
-
-
-def _refuse_unsupported(body: dict[str, Any]) -> None:
-    n = body.get("n", 1)
-    if n is not None and n != 1:
-        raise invalid("n", f"'n' has value {n!r}; only n=1 is supported (send separate requests)")
-    for name in _UNSUPPORTED_NONZERO:
-        if body.get(name) not in (None, 0, 0.0):
-            raise invalid(name, f"'{name}' is not supported by dynask; leave it out or set 0")
-    for name in _UNSUPPORTED_TRUTHY:
-        if body.get(name):
-            raise invalid(name, f"'{name}' is not supported by dynask; leave it out")
-    best_of = body.get("best_of")
-    if best_of not in (None, 1):
-        raise invalid("best_of", f"'best_of' has value {best_of!r}; only 1 is supported")
-
-
-def _messages(value: Any) -> list[dict[str, Any]]:
-    if not isinstance(value, list) or not value:
-        raise invalid("messages", "'messages' must be a non-empty array of message objects")
-    return [_message(item, index) for index, item in enumerate(value)]
-
-
-def _message(item: Any, index: int) -> dict[str, Any]:
-    where = f"messages[{index}]"
-    if not isinstance(item, dict):
-        raise invalid(where, f"'{where}' must be an object with 'role' and 'content'")
-    role = item.get("role")
-    if role not in ROLES:
-        raise invalid(
-            f"{where}.role", f"'{where}.role' has value {role!r}; use one of {', '.join(ROLES)}"
-        )
-    return {"role": "system" if role == "developer" else role, "content": _content(item, where)}
-
-
-def _content(item: dict[str, Any], where: str) -> str:
-    content = item.get("content")
-    if isinstance(content, str):
-        return content
-    if content is None and item.get("role") == "assistant":
-        return ""
-    if isinstance(content, list) and all(_is_text_part(p) for p in content):
-        return "".join(p["text"] for p in content)
-    raise invalid(
-        f"{where}.content",
-        f'\'{where}.content\' must be a string or an array of text parts ({{"type": "text", '
-        '"text": ...}}); images and audio are not supported',
-    )
-
-
-def _is_text_part(part: Any) -> bool:
-    return (
-        isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
-    )
+# ---- readers of the parameters that are more than a type and bounds -----------------------
 
 
 def _prompt(value: Any) -> str | list[int]:
@@ -132,7 +49,7 @@ def _prompt(value: Any) -> str | list[int]:
         value = value[0]  # a batch of one
     if isinstance(value, str) and value:
         return value
-    if isinstance(value, list) and value and all(_is_int(t) for t in value):
+    if isinstance(value, list) and value and all(is_int(t) for t in value):
         return [int(t) for t in value]
     raise invalid(
         "prompt",
@@ -140,83 +57,230 @@ def _prompt(value: Any) -> str | list[int]:
     )
 
 
-def _max_tokens(body: dict[str, Any]) -> int | None:
-    for name in ("max_completion_tokens", "max_tokens"):
-        value = body.get(name)
-        if value is None:
-            continue
-        if not _is_int(value) or value < 1:
-            raise invalid(name, f"'{name}' has value {value!r}; expected an integer >= 1")
-        return int(value)
-    return None
-
-
-def _sampling(body: dict[str, Any]) -> dict[str, Any]:
-    sampling: dict[str, Any] = {}
-    temperature = _number(body, "temperature", 0.0, 2.0)
-    if temperature is not None:
-        sampling["temperature"] = temperature
-    top_p = _number(body, "top_p", 0.0, 1.0)
-    if top_p is not None:
-        if top_p == 0.0:
-            raise invalid("top_p", "'top_p' has value 0; expected a number in (0, 1]")
-        sampling["top_p"] = top_p
-    top_k = _integer(body, "top_k", -1, INT64_MAX)
-    if top_k is not None:
-        sampling["top_k"] = max(0, top_k)
-    seed = _integer(body, "seed", INT64_MIN, INT64_MAX)
-    if seed is not None:
-        sampling["seed"] = seed
-    sampling["stop"] = _stop(body.get("stop"))
-    sampling["ignore_eos"] = _bool(body, "ignore_eos", False)
-    return sampling
-
-
 def _stop(value: Any) -> tuple[str, ...]:
-    if value is None:
-        return ()
     if isinstance(value, str):
         value = [value]
     if (
         not isinstance(value, list)
-        or len(value) > 4
+        or len(value) > MAX_STOP
         or not all(isinstance(s, str) and s for s in value)
     ):
-        raise invalid("stop", "'stop' must be a non-empty string or an array of up to 4 of them")
+        raise invalid(
+            "stop", f"'stop' must be a non-empty string or an array of up to {MAX_STOP} of them"
+        )
     return tuple(value)
 
 
-def _integer(body: dict[str, Any], name: str, low: int, high: int) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if not _is_int(value) or not low <= value <= high:
-        raise invalid(name, f"'{name}' has value {value!r}; expected an integer in [{low}, {high}]")
-    return int(value)
+_STREAM_OPTIONS = (Boolean("include_usage", "a last chunk with the request's usage"),)
 
 
-def _number(body: dict[str, Any], name: str, low: float, high: float) -> float | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+def _stream_options(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise invalid("stream_options", "'stream_options' must be an object")
+    unknown = [k for k in value if k != "include_usage"]
+    if unknown:
         raise invalid(
-            name, f"'{name}' has value {value!r}; expected a number in [{low:g}, {high:g}]"
+            f"stream_options.{unknown[0]}",
+            f"'stream_options' has the key {shown(unknown[0])}; only 'include_usage' is served",
+            code="unknown_parameter",
         )
-    return float(value)
+    return {"include_usage": _STREAM_OPTIONS[0].read(value)}
 
 
-def _bool(body: dict[str, Any], name: str, default: bool) -> bool:
-    value = body.get(name, default)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise invalid(name, f"'{name}' has value {value!r}; expected true or false")
-    return value
+# ---- the declarations -----------------------------------------------------------------------
+
+_NO_TOOLS = "tools and function calling are not served; leave it out"
+
+COMMON_FIELDS: tuple[Field, ...] = (
+    Text("model", "the served model's name (GET /v1/models)", required=True),
+    Integer("max_tokens", "the most tokens to generate (default: the rest of the context)", low=1),
+    Integer("max_completion_tokens", "same as max_tokens (it wins when both are given)", low=1),
+    Number("temperature", "sampling temperature; 0 is greedy", high=2.0),
+    Number(
+        "top_p",
+        "nucleus sampling: the smallest set of tokens with this much probability",
+        low_exclusive=True,
+    ),
+    Integer(
+        "top_k",
+        "extension: sample among the k likeliest tokens (0 or -1: all)",
+        low=-1,
+        high=INT64_MAX,
+    ),
+    Integer(
+        "seed",
+        "makes sampling reproducible (and a moved request continue exactly)",
+        low=INT64_MIN,
+        high=INT64_MAX,
+    ),
+    Custom(
+        "stop",
+        f"up to {MAX_STOP} strings that end the reply (not included)",
+        default=(),
+        json_schema={
+            "oneOf": [
+                {"type": "string", "minLength": 1},
+                {
+                    "type": "array",
+                    "items": {"type": "string", "minLength": 1},
+                    "maxItems": MAX_STOP,
+                },
+            ]
+        },
+        reader=_stop,
+    ),
+    Boolean("stream", "answer as server-sent events, one per delta, then data: [DONE]"),
+    Custom(
+        "stream_options",
+        "with stream=true only: include_usage adds a last chunk with the usage",
+        json_schema={
+            "type": "object",
+            "properties": {f.name: f.document() for f in _STREAM_OPTIONS},
+            "additionalProperties": False,
+        },
+        reader=_stream_options,
+    ),
+    Boolean("ignore_eos", "extension: generate max_tokens tokens, past the end-of-sequence token"),
+    Choice(
+        "router_mode",
+        "extension: this request's routing mode (default: the server's --router-mode)",
+        choices=ROUTING_MODES,
+        hint="or leave it out for the server's default",
+    ),
+    Refused(
+        "n",
+        "choices per request",
+        neutral=(1,),
+        hint="only n=1 is supported (send separate requests)",
+    ),
+    Refused("presence_penalty", "presence penalty", neutral=(0, 0.0), hint="leave it out or set 0"),
+    Refused(
+        "frequency_penalty", "frequency penalty", neutral=(0, 0.0), hint="leave it out or set 0"
+    ),
+    Refused("logit_bias", "token biases", neutral=({},)),
+    Accepted(
+        "user", "an end-user id; recorded nowhere, changes nothing", json_schema={"type": "string"}
+    ),
+    Accepted("metadata", "tags for the caller; changes nothing", json_schema={"type": "object"}),
+    Accepted(
+        "safety_identifier", "an end-user id; changes nothing", json_schema={"type": "string"}
+    ),
+    Accepted(
+        "prompt_cache_key",
+        "prefix caching is automatic here; changes nothing",
+        json_schema={"type": "string"},
+    ),
+    Refused(
+        "store",
+        "storing completions for later retrieval",
+        neutral=(False,),
+        hint="dynask stores no completions; leave it out",
+    ),
+    Refused(
+        "service_tier",
+        "processing tier",
+        neutral=("auto", "default"),
+        hint="use 'auto' or 'default', or leave it out",
+    ),
+)
+
+CHAT_FIELDS: tuple[Field, ...] = (
+    Custom(
+        "messages",
+        "the conversation so far",
+        json_schema={"type": "array", "minItems": 1, "items": MESSAGE_SCHEMA},
+        reader=read_messages,
+        required=True,
+    ),
+    *COMMON_FIELDS,
+    Refused("logprobs", "log probabilities of the output tokens", neutral=(False,)),
+    Refused("top_logprobs", "most likely tokens at each position", neutral=(0,)),
+    Refused("tools", "tool definitions", neutral=([],), hint=_NO_TOOLS),
+    Refused("tool_choice", "which tool to call", neutral=("none",), hint=_NO_TOOLS),
+    Accepted(
+        "parallel_tool_calls", "without tools it changes nothing", json_schema={"type": "boolean"}
+    ),
+    Refused("functions", "deprecated tool definitions", neutral=([],), hint=_NO_TOOLS),
+    Refused("function_call", "deprecated tool choice", neutral=("none",), hint=_NO_TOOLS),
+    Refused("response_format", "structured outputs", neutral=({"type": "text"},)),
+    Refused("modalities", "output modalities", neutral=(["text"],), hint="only text is served"),
+    Refused("audio", "audio output", neutral=(), hint="only text is served"),
+    Refused("prediction", "predicted outputs", neutral=()),
+    Refused("reasoning_effort", "reasoning effort", neutral=()),
+    Refused("verbosity", "reply verbosity", neutral=()),
+    Refused("web_search_options", "web search", neutral=()),
+)
+
+COMPLETION_FIELDS: tuple[Field, ...] = (
+    Custom(
+        "prompt",
+        "the text to continue, or its token ids",
+        json_schema={
+            "oneOf": [
+                {"type": "string", "minLength": 1},
+                {
+                    "type": "array",
+                    "items": {"type": "integer", "minimum": 0},
+                    "minItems": 1,
+                    "description": "token ids, each below the model's vocabulary size",
+                },
+            ]
+        },
+        reader=_prompt,
+        required=True,
+    ),
+    *COMMON_FIELDS,
+    Refused("logprobs", "log probabilities of the output tokens", neutral=(0, False)),
+    Refused("echo", "the prompt echoed before the reply", neutral=(False,)),
+    Refused("suffix", "text after the completion", neutral=("",)),
+    Refused("best_of", "candidates per choice", neutral=(1,), hint="only 1 is supported"),
+)
 
 
-def _is_int(value: Any) -> bool:
-    """An integer as JSON Schema has it: ``5`` and ``5.0`` are both integers."""
-    if isinstance(value, float):
-        return value.is_integer()
-    return isinstance(value, int) and not isinstance(value, bool)
+# ---- reading a body -------------------------------------------------------------------------
+
+
+def parse_chat(body: Any) -> GenerationRequest:
+    values = read_body(CHAT_FIELDS, _object(body))
+    return _request(values, messages=values["messages"], prompt=None)
+
+
+def parse_completion(body: Any) -> GenerationRequest:
+    values = read_body(COMPLETION_FIELDS, _object(body))
+    return _request(values, messages=None, prompt=values["prompt"])
+
+
+def _object(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise invalid("body", f"the request body must be a JSON object, not {type(body).__name__}")
+    check_encodable(body)
+    return body
+
+
+def _request(
+    values: dict[str, Any], messages: list[dict[str, Any]] | None, prompt: str | list[int] | None
+) -> GenerationRequest:
+    stream, options = values["stream"], values["stream_options"]
+    if options is not None and not stream:
+        raise invalid("stream_options", "'stream_options' is only allowed when 'stream' is true")
+    return GenerationRequest(
+        model=values["model"],
+        messages=messages,
+        prompt=prompt,
+        max_tokens=values["max_completion_tokens"] or values["max_tokens"],
+        sampling=_sampling(values),
+        stream=stream,
+        include_usage=bool(options and options["include_usage"]),
+        router_mode=values["router_mode"],
+    )
+
+
+def _sampling(values: dict[str, Any]) -> dict[str, Any]:
+    sampling: dict[str, Any] = {
+        name: values[name] for name in ("temperature", "top_p", "seed") if values[name] is not None
+    }
+    if values["top_k"] is not None:
+        sampling["top_k"] = max(0, values["top_k"])
+    sampling["stop"] = values["stop"]
+    sampling["ignore_eos"] = values["ignore_eos"]
+    return sampling

@@ -10,29 +10,42 @@ from __future__ import annotations
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from dynask.control_plane.api.errors import APIError, invalid
+from dynask.control_plane.api.openapi_document import ApiRoute, Operation
+from dynask.control_plane.api.request_fields import Integer, Text, shown
 from dynask.control_plane.serving.service import ServingService
 
 DEFAULT_LIMIT = 100
+LIMIT = Integer(
+    "limit",
+    f"how many decisions, newest first (default {DEFAULT_LIMIT}; at most the log's size)",
+    low=1,
+)
+MODEL = Text("model", "only this model's decisions (default: every model)")
+OPERATION = Operation(
+    "Recent routing decisions with every candidate's terms",
+    {"200": "list, newest first"},
+    {"400": "limit outside [1, the decision log's size]", "404": "unknown model"},
+    query=(LIMIT, MODEL),
+)
 
 
-def make_routing_routes(service: ServingService) -> list[Route]:
+def make_routing_routes(service: ServingService) -> list[ApiRoute]:
     async def decisions(request: Request) -> Response:
         limit = _limit(request.query_params.get("limit"), service.routing.log_size)
         model = request.query_params.get("model")
         if model is not None and model not in service.models:
             available = ", ".join(sorted(service.models)) or "none"
             raise APIError(
-                f"the model '{model}' is not served; available: {available}",
+                f"the model {shown(model)} is not served; available: {available}",
                 status=404,
                 param="model",
                 code="model_not_found",
             )
         return JSONResponse({"object": "list", "data": service.decisions(limit, model)})
 
-    return [Route("/v1/routing/decisions", decisions, methods=["GET"])]
+    return [ApiRoute("/v1/routing/decisions", decisions, methods=["GET"], operation=OPERATION)]
 
 
 def _limit(value: str | None, most: int) -> int:
@@ -42,6 +55,9 @@ def _limit(value: str | None, most: int) -> int:
         limit = int(value)
     except ValueError:
         limit = 0
-    if not 1 <= limit <= most:
-        raise invalid("limit", f"'limit' has value {value!r}; expected an integer in [1, {most}]")
+    if not LIMIT.low <= limit <= most:
+        raise invalid(
+            "limit",
+            f"'limit' has value {shown(value)}; expected an integer in [{LIMIT.low}, {most}]",
+        )
     return limit

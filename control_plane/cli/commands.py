@@ -5,35 +5,19 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dynask.control_plane.cli.disagg_flags import disagg_options, embedded_deployments
+from dynask.control_plane.cli.engine_flags import engine_args
 from dynask.control_plane.cluster.deploy_file import read_deploy_file
-from dynask.control_plane.cluster.plan import DeploymentPlan, served_name
+from dynask.control_plane.cluster.plan import engine_spec, served_name
+from dynask.control_plane.state.deployment import BUNDLED_MODEL, DeploymentSpec
 
 if TYPE_CHECKING:
     from dynask.control_plane.server import Extension, ServerOptions
 
 IN_MODES = ("http", "text", "batch:FILE.jsonl")
 ENGINE_FORMS = ("torch", "vllm", "echo", "mocker", "python:FILE.py")
-_TORCH_FLAGS = (
-    "device",
-    "dtype",
-    "kv_cache_gib",
-    "max_model_len",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "max_prefill_tokens_with_decodes",
-    "decode_burst",
-    "kv_host_gb",
-    "kv_disk_gb",
-    "kv_disk_path",
-    "kv_disk_min_uses",
-)
-_ENGINE_FLAGS = (
-    *_TORCH_FLAGS,
-    *("block_size", "gpu_memory_utilization", "tensor_parallel_size", "enforce_eager"),
-)
 
 
 def _check_input(mode: str) -> None:
@@ -46,31 +30,25 @@ def _check_input(mode: str) -> None:
     )
 
 
-def _engine_args(args: argparse.Namespace, kind: str) -> dict[str, Any]:
-    """Only the flags the user set; the engine factory rejects ones its engine lacks."""
-    given = {name: getattr(args, name, None) for name in _ENGINE_FLAGS}
-    given = {k: v for k, v in given.items() if v is not None and v != "auto"}
-    return given
-
-
 def run_command(args: argparse.Namespace, extensions: Sequence[Extension] = ()) -> int:
-    from dynask.actors.runtime.engine_factory import EngineSpec, parse_engine, prepare_model
+    from dynask.actors.runtime.engine_factory import parse_engine, prepare_model
 
     _check_input(args.input)
     kind, python_file = parse_engine(args.engine)
     if args.model and args.model_path and args.model != args.model_path:
         raise ValueError(f"two models given ({args.model!r} and --model-path {args.model_path!r})")
     model = args.model or args.model_path
-    spec = EngineSpec(
-        kind=kind, model=model, python_file=python_file, engine_args=_engine_args(args, kind)
-    )
     prepare_model(model)  # once, here: before any worker starts
-    aggregated = DeploymentPlan(
+    aggregated = DeploymentSpec(
         name="default",
-        served_model_name=args.model_name or served_name(model),
-        spec=spec,
+        model=model or BUNDLED_MODEL,
+        engine=kind,
         replicas=args.workers,
+        engine_args=engine_args(args),
+        served_model_name=args.model_name or served_name(model),
+        engine_file=python_file,
     )
+    engine_spec(aggregated)  # the engine factory's own checks, before any worker starts
     deployments, n_workers = embedded_deployments(args, aggregated)
     if args.input == "http":
         return _serve_http(
@@ -80,7 +58,7 @@ def run_command(args: argparse.Namespace, extensions: Sequence[Extension] = ()) 
 
 
 def _run_local(
-    args: argparse.Namespace, deployments: list[DeploymentPlan], n_workers: int, model: str | None
+    args: argparse.Namespace, deployments: list[DeploymentSpec], n_workers: int, model: str | None
 ) -> int:
     """``in=text`` / ``in=batch``: the serving pipeline over an embedded cluster, no HTTP."""
     import asyncio
@@ -144,7 +122,7 @@ def serve_command(args: argparse.Namespace, extensions: Sequence[Extension] = ()
 
 def _serve_http(
     args: argparse.Namespace,
-    deployments: list[DeploymentPlan],
+    deployments: list[DeploymentSpec],
     scheduler: str | None,
     n_workers: int,
     extensions: Sequence[Extension] = (),
@@ -161,24 +139,16 @@ def _server_options(
     """The ``ServerOptions`` the flags ask for."""
     from dynask.control_plane.cli.planner_flags import planner_config
     from dynask.control_plane.cli.reliability_flags import reliability_options
+    from dynask.control_plane.flags import options_from
     from dynask.control_plane.routing.model_routing import RoutingOptions
     from dynask.control_plane.server import ServerOptions
 
-    routing = RoutingOptions(
-        mode=args.router_mode,
-        overlap_weight=args.kv_overlap_weight,
-        temperature=args.router_temperature,
-        max_active_blocks=args.max_active_blocks,
-        max_queue=args.max_queue,
-    )
-    return ServerOptions(
-        host=args.host,
-        port=args.port,
-        routing=routing,
+    return options_from(
+        args,
+        ServerOptions,
+        routing=options_from(args, RoutingOptions),
         scheduler_address=scheduler,
         n_workers=n_workers,
-        database_url=args.database_url,
-        require_api_key=args.require_api_key,
         disagg=disagg_options(args),
         reliability=reliability_options(args),
         planner=planner_config(args),

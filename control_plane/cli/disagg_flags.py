@@ -8,13 +8,27 @@ takes the roles from ``deploy.yaml``. Both take the transport and the thresholds
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from dataclasses import dataclass
 
-from dynask.control_plane.cli.arg_types import non_negative_int
-from dynask.control_plane.cluster.plan import DeploymentPlan
-from dynask.control_plane.disagg.orchestrator import DECODE_ROLE, PREFILL_ROLE, DisaggOptions
-from dynask.kv.transfer import TRANSPORTS
+from dynask.control_plane.disagg.orchestrator import DisaggOptions
+from dynask.control_plane.flags import add_flags, flag, non_negative_int, options_from
+from dynask.control_plane.state.deployment import DeploymentSpec, Role
 
-_DEFAULTS = DisaggOptions()
+
+@dataclass(frozen=True)
+class EmbeddedWorkers:
+    """``dynask run``'s prefill and decode worker counts (0 and 0: aggregated)."""
+
+    prefill_workers: int = flag(
+        "--prefill-workers",
+        0,
+        "workers whose engines only prefill (with --decode-workers; replaces --workers)",
+        type=non_negative_int,
+    )
+    decode_workers: int = flag(
+        "--decode-workers", 0, "workers whose engines decode", type=non_negative_int
+    )
 
 
 def add_disagg_arguments(cmd: argparse.ArgumentParser, embedded: bool) -> None:
@@ -22,62 +36,21 @@ def add_disagg_arguments(cmd: argparse.ArgumentParser, embedded: bool) -> None:
         "disaggregated prefill/decode" + (" (deploy.yaml gives the roles)" if not embedded else "")
     )
     if embedded:
-        group.add_argument(
-            "--prefill-workers",
-            type=non_negative_int,
-            default=0,
-            help="workers whose engines only prefill (with --decode-workers; replaces --workers)",
-        )
-        group.add_argument(
-            "--decode-workers",
-            type=non_negative_int,
-            default=0,
-            help="workers whose engines decode",
-        )
-    group.add_argument(
-        "--kv-transport",
-        default=_DEFAULTS.transport,
-        choices=TRANSPORTS,
-        help="how KV blocks move between actors (ucxx needs the ucxx-cu12/cu13 wheel)",
-    )
-    group.add_argument(
-        "--remote-prefill-min-tokens",
-        type=non_negative_int,
-        default=_DEFAULTS.min_remote_prefill_tokens,
-        help="prompts with fewer tokens uncached on the decode engine prefill there "
-        f"(default {_DEFAULTS.min_remote_prefill_tokens})",
-    )
-    group.add_argument(
-        "--max-prefills-per-worker",
-        type=non_negative_int,
-        default=_DEFAULTS.max_prefills_per_actor,
-        help="remote prefills in flight per prefill engine; when all are at it, the decode "
-        f"engine prefills (default {_DEFAULTS.max_prefills_per_actor})",
-    )
-    group.add_argument(
-        "--kv-transfer-timeout",
-        type=float,
-        default=_DEFAULTS.transfer_timeout_s,
-        help="seconds a decode engine waits for remote KV before prefilling itself "
-        f"(default {_DEFAULTS.transfer_timeout_s:g})",
-    )
+        add_flags(group, EmbeddedWorkers)
+    add_flags(group, DisaggOptions)
 
 
 def disagg_options(args: argparse.Namespace) -> DisaggOptions:
-    return DisaggOptions(
-        transport=args.kv_transport,
-        min_remote_prefill_tokens=args.remote_prefill_min_tokens,
-        max_prefills_per_actor=args.max_prefills_per_worker,
-        transfer_timeout_s=args.kv_transfer_timeout,
-    )
+    return options_from(args, DisaggOptions)
 
 
 def embedded_deployments(
-    args: argparse.Namespace, aggregated: DeploymentPlan
-) -> tuple[list[DeploymentPlan], int]:
+    args: argparse.Namespace, aggregated: DeploymentSpec
+) -> tuple[list[DeploymentSpec], int]:
     """The deployments and worker count of ``dynask run``: ``aggregated`` on
     ``--workers``, or a prefill and a decode deployment when their flags are given."""
-    prefill, decode = args.prefill_workers, args.decode_workers
+    workers = options_from(args, EmbeddedWorkers)
+    prefill, decode = workers.prefill_workers, workers.decode_workers
     if not prefill and not decode:
         return [aggregated], args.workers
     if not prefill or not decode:
@@ -91,13 +64,13 @@ def embedded_deployments(
             f"--decode-workers {decode}; leave --workers out"
         )
     plans = [
-        DeploymentPlan(
-            f"{aggregated.name}-{role}",
-            aggregated.served_model_name,
-            aggregated.spec,
-            replicas,
-            role,
+        dataclasses.replace(
+            aggregated,
+            name=f"{aggregated.name}-{role}",
+            served_model_name=aggregated.model_name,
+            replicas=replicas,
+            role=role,
         )
-        for role, replicas in ((PREFILL_ROLE, prefill), (DECODE_ROLE, decode))
+        for role, replicas in ((Role.PREFILL, prefill), (Role.DECODE, decode))
     ]
     return plans, prefill + decode

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from dynask.actors.api.outputs import RequestOutput
-from dynask.control_plane.cluster.plan import DeploymentPlan
 from dynask.control_plane.cluster.reconciler import ClusterRuntime
 from dynask.control_plane.disagg.orchestrator import DisaggOptions
 from dynask.control_plane.reliability.options import ReliabilityOptions
@@ -22,6 +21,7 @@ from dynask.control_plane.routing.model_routing import RoutingOptions
 from dynask.control_plane.serving.metrics import ServingMetrics
 from dynask.control_plane.serving.request import GenerationRequest, PreparedRequest
 from dynask.control_plane.serving.service import ServingService
+from dynask.control_plane.state.deployment import DeploymentSpec
 
 ID_PREFIX = "cli"
 
@@ -74,7 +74,7 @@ class LocalPipeline:
 
 @asynccontextmanager
 async def local_pipeline(
-    deployments: list[DeploymentPlan],
+    deployments: list[DeploymentSpec],
     n_workers: int,
     *,
     max_tokens: int,
@@ -89,7 +89,7 @@ async def local_pipeline(
     runtime = ClusterRuntime(service, deployments, scheduler_address=None, n_workers=n_workers)
     try:
         await runtime.start()
-        model = deployments[0].served_model_name
+        model = deployments[0].model_name
         yield LocalPipeline(service, model, max_tokens, temperature)
     finally:
         await runtime.stop()

@@ -15,18 +15,17 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from dynask.control_plane.cli.arg_types import non_negative_float, positive_int
 from dynask.control_plane.cli.commands import ENGINE_FORMS, IN_MODES, run_command, serve_command
 from dynask.control_plane.cli.disagg_flags import add_disagg_arguments
+from dynask.control_plane.cli.engine_flags import add_engine_flags
 from dynask.control_plane.cli.keys_command import add_keys_parser, keys_command
 from dynask.control_plane.cli.planner_flags import add_planner_args
 from dynask.control_plane.cli.reliability_flags import add_reliability_args
-from dynask.control_plane.routing.kv_router import KV_MODE, ROUTING_MODES
+from dynask.control_plane.flags import Flag, add_flags
+from dynask.control_plane.routing.model_routing import RoutingOptions
 from dynask.control_plane.serving.errors import ServingError
 
-
-class CLIError(ValueError):
-    """A command-line mistake; the message says what to type instead."""
+LOG_LEVEL = Flag("--log-level")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,56 +41,25 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_common(cmd: argparse.ArgumentParser, require_api_key: bool) -> None:
-    cmd.add_argument("--host", default="127.0.0.1")
-    cmd.add_argument(
-        "--require-api-key",
-        action=argparse.BooleanOptionalAction,
-        default=require_api_key,
-        help="/v1 needs 'Authorization: Bearer KEY' (see `dynask keys`; default: "
-        + ("on)" if require_api_key else "off)"),
+    from dynask.control_plane.server import ServerOptions
+
+    on_off = "on" if require_api_key else "off"
+    add_flags(
+        cmd,
+        ServerOptions,
+        defaults={"require_api_key": require_api_key},
+        helps={
+            "require_api_key": "/v1 needs 'Authorization: Bearer KEY' (see `dynask keys`; "
+            f"default: {on_off})"
+        },
     )
-    cmd.add_argument("--port", type=int, default=8000)
-    cmd.add_argument("--database-url", default=None, help="default: $DYNASK_DATABASE_URL or SQLite")
-    cmd.add_argument("--log-level", default="WARNING")
-    _add_routing(cmd)
-    add_reliability_args(cmd)
-    add_planner_args(cmd)
-
-
-def _add_routing(cmd: argparse.ArgumentParser) -> None:
+    LOG_LEVEL.add_to(cmd, "WARNING")
     routing = cmd.add_argument_group(
         'routing (a request may override --router-mode with "router_mode" in its body)'
     )
-    routing.add_argument(
-        "--router-mode",
-        default=KV_MODE,
-        choices=ROUTING_MODES,
-        help="kv: the actor holding most of the prompt's KV, net of its load (default)",
-    )
-    routing.add_argument(
-        "--kv-overlap-weight",
-        type=non_negative_float,
-        default=1.0,
-        help="cost of one prefill block against one decode block (default 1.0)",
-    )
-    routing.add_argument(
-        "--router-temperature",
-        type=non_negative_float,
-        default=0.0,
-        help="0: lowest cost wins; > 0: sample by softmax over the costs",
-    )
-    routing.add_argument(
-        "--max-active-blocks",
-        type=positive_int,
-        default=None,
-        help="503 when every engine has this many KV blocks in flight (default: no limit)",
-    )
-    routing.add_argument(
-        "--max-queue",
-        type=positive_int,
-        default=None,
-        help="503 when every engine has this many requests waiting (default: no limit)",
-    )
+    add_flags(routing, RoutingOptions)
+    add_reliability_args(cmd)
+    add_planner_args(cmd)
 
 
 def _add_run(run: argparse.ArgumentParser) -> None:
@@ -108,33 +76,7 @@ def _add_run(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--workers", type=int, default=1, help="local worker processes (1 engine each)"
     )
-    run.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    run.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
-    run.add_argument("--kv-cache-gib", type=float, default=None, help="KV cache size on a CPU")
-    run.add_argument(
-        "--kv-host-gb", type=float, default=None, help="host-memory KV offload tier (GB; 0: off)"
-    )
-    run.add_argument("--kv-disk-gb", type=float, default=None, help="disk KV tier (GB; 0: off)")
-    run.add_argument("--kv-disk-path", default=None, help="disk KV tier folder")
-    run.add_argument(
-        "--kv-disk-min-uses", type=int, default=None, help="uses before a block goes to disk"
-    )
-    run.add_argument("--max-model-len", type=int, default=None)
-    run.add_argument("--max-num-seqs", type=int, default=None)
-    run.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per step")
-    run.add_argument(
-        "--max-prefill-tokens-with-decodes",
-        type=int,
-        default=None,
-        help="cap on a step's prefill tokens while decodes run (chunked prefill)",
-    )
-    run.add_argument("--decode-burst", type=int, default=None, help="greedy steps per sync")
-    run.add_argument("--block-size", type=int, default=None, help="tokens per KV block")
-    run.add_argument("--gpu-memory-utilization", type=float, default=None)
-    run.add_argument("--tensor-parallel-size", type=int, default=None, help="out=vllm")
-    run.add_argument(
-        "--enforce-eager", action="store_const", const=True, default=None, help="out=vllm"
-    )
+    add_engine_flags(run)
     run.add_argument("--max-tokens", type=int, default=512, help="per reply (in=text/batch)")
     run.add_argument("--temperature", type=float, default=0.7, help="in=text/batch")
     _add_common(run, require_api_key=False)

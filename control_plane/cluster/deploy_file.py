@@ -19,13 +19,13 @@ from typing import Any
 
 import yaml
 
-from dynask.control_plane.cluster.plan import DeploymentPlan
-from dynask.control_plane.state.models import ROLES as DEPLOYMENT_ROLES
+from dynask.control_plane.cluster.plan import engine_spec
+from dynask.control_plane.state.deployment import BUNDLED_MODEL, DeploymentSpec, parse_role
 
 _KEYS = ("name", "model", "model_name", "engine", "replicas", "engine_args", "role")
 
 
-def read_deploy_file(path: str) -> list[DeploymentPlan]:
+def read_deploy_file(path: str) -> list[DeploymentSpec]:
     file = Path(path)
     if not file.is_file():
         raise ValueError(f"deploy file '{path}' does not exist")
@@ -39,8 +39,8 @@ def read_deploy_file(path: str) -> list[DeploymentPlan]:
     return [_deployment(item, index, path) for index, item in enumerate(items)]
 
 
-def _deployment(item: Any, index: int, path: str) -> DeploymentPlan:
-    from dynask.actors.runtime.engine_factory import EngineSpec, parse_engine
+def _deployment(item: Any, index: int, path: str) -> DeploymentSpec:
+    from dynask.actors.runtime.engine_factory import parse_engine
 
     where = f"{path}: deployments[{index}]"
     if not isinstance(item, dict):
@@ -61,13 +61,19 @@ def _deployment(item: Any, index: int, path: str) -> DeploymentPlan:
         raise ValueError(f"{where} ({name}) 'engine_args' must be a mapping")
     try:
         kind, python_file = parse_engine(str(item.get("engine", "torch")))
-        spec = EngineSpec(
-            kind=kind, model=item.get("model"), python_file=python_file, engine_args=engine_args
+        deployment = DeploymentSpec(
+            name=name,
+            model=item.get("model") or BUNDLED_MODEL,
+            engine=kind,
+            role=parse_role(item.get("role", "aggregated"), f"{where} ({name})"),
+            replicas=replicas,
+            engine_args=engine_args,
+            served_model_name=str(item.get("model_name") or name),
+            engine_file=python_file,
         )
+        engine_spec(deployment)  # the engine factory's own checks, now
     except ValueError as exc:
+        if str(exc).startswith(where):
+            raise
         raise ValueError(f"{where} ({name}): {exc}") from exc
-    role = item.get("role", "aggregated")
-    if role not in DEPLOYMENT_ROLES:
-        expected = ", ".join(DEPLOYMENT_ROLES)
-        raise ValueError(f"{where} ({name}) 'role' has value {role!r}; expected one of {expected}")
-    return DeploymentPlan(name, str(item.get("model_name") or name), spec, replicas, role)
+    return deployment

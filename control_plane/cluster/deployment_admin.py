@@ -24,14 +24,10 @@ from typing import Any
 
 from dynask.actors.runtime.engine_factory import EngineSpec
 from dynask.control_plane.cluster.reconciler import ClusterRuntime
-from dynask.control_plane.cluster.state_sync import BUNDLED_MODEL, stored_plans
+from dynask.control_plane.cluster.state_sync import stored_deployments
+from dynask.control_plane.state.deployment import BUNDLED_MODEL, DeploymentSpec
 from dynask.control_plane.state.models import utcnow
-from dynask.control_plane.state.repository import (
-    ActorInstance,
-    Deployment,
-    DeploymentSpec,
-    Repository,
-)
+from dynask.control_plane.state.repository import ActorInstance, Deployment, Repository
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +118,7 @@ class DeploymentAdmin:
 
     async def apply(self) -> None:
         """Makes the runtime's desired state the database's, and reconciles soon."""
-        self.runtime.set_deployments(await asyncio.to_thread(stored_plans, self.repo))
+        self.runtime.set_deployments(await asyncio.to_thread(stored_deployments, self.repo))
         if self.runtime.client is None:
             return  # still starting: ``start`` reconciles the new desired state
         task = asyncio.create_task(self.runtime.reconcile(), name="reconcile-after-change")

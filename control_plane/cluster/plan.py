@@ -1,22 +1,22 @@
-"""The deployments the reconciler makes real: what each runs, how many replicas, which role."""
+"""What the reconciler builds for a deployment (``state.deployment.DeploymentSpec``, the
+one deployment type): its ``EngineSpec``, and the model name clients use."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from dynask.actors.runtime.engine_factory import EngineSpec
+from dynask.control_plane.state.deployment import DeploymentSpec
 
 
-@dataclass(frozen=True)
-class DeploymentPlan:
-    """One deployment as the runtime needs it."""
-
-    name: str
-    served_model_name: str
-    spec: EngineSpec
-    replicas: int = 1
-    role: str = "aggregated"  # "prefill" / "decode": disaggregated (disagg_orchestrator)
+def engine_spec(deployment: DeploymentSpec) -> EngineSpec:
+    """The engine each replica of ``deployment`` runs (ValueError if it cannot be one)."""
+    return EngineSpec(
+        kind=deployment.engine,
+        model=deployment.model_path,
+        python_file=deployment.engine_file,
+        engine_args=dict(deployment.engine_args),
+    )
 
 
 def served_name(model: str | None) -> str:

@@ -28,11 +28,11 @@ from dynask.actors.api.actor_info import ActorInfo
 from dynask.actors.runtime.engine_actor import EngineActor
 from dynask.actors.runtime.gpu_discovery import GPUDiscoveryPlugin
 from dynask.control_plane.cluster import adoption as actor_adoption
-from dynask.control_plane.cluster.plan import DeploymentPlan
-from dynask.control_plane.disagg.orchestrator import AGGREGATED_ROLE
+from dynask.control_plane.cluster.plan import engine_spec
 from dynask.control_plane.reliability.actor_health import ActorHealth
 from dynask.control_plane.serving.actor_handle import ActorHandle
 from dynask.control_plane.serving.service import ServingService
+from dynask.control_plane.state.deployment import DeploymentSpec, Role
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class ClusterRuntime:
     def __init__(
         self,
         service: ServingService,
-        deployments: list[DeploymentPlan],
+        deployments: list[DeploymentSpec],
         scheduler_address: str | None = None,
         n_workers: int = 1,
         on_actor_event: ActorEventHook | None = None,
@@ -104,7 +104,7 @@ class ClusterRuntime:
             except Exception:
                 log.exception("reconcile failed; retrying in %.0fs", RECONCILE_INTERVAL_S)
 
-    def set_deployments(self, deployments: list[DeploymentPlan]) -> None:
+    def set_deployments(self, deployments: list[DeploymentSpec]) -> None:
         """Replaces the desired state; the next ``reconcile`` acts on it."""
         self.deployments = list(deployments)
 
@@ -163,7 +163,7 @@ class ClusterRuntime:
         workers = [{"address": a, **w} for a, w in info["workers"].items() if a not in used]
         return sorted(workers, key=lambda w: str(w["address"]))
 
-    async def _start_actor(self, deployment: DeploymentPlan, worker: dict[str, Any]) -> None:
+    async def _start_actor(self, deployment: DeploymentSpec, worker: dict[str, Any]) -> None:
         assert self.client is not None
         name = self._actor_name(deployment.name)
         address = str(worker["address"])
@@ -181,7 +181,7 @@ class ClusterRuntime:
         try:
             future = self.client.submit(
                 EngineActor,
-                deployment.spec,
+                engine_spec(deployment),
                 name,
                 actor=True,
                 workers=[address],
@@ -198,7 +198,7 @@ class ClusterRuntime:
             )
             await handle.connect()
             await actor_adoption.publish(
-                self.client, name, deployment.name, deployment.spec, future
+                self.client, name, deployment.name, engine_spec(deployment), future
             )
         except Exception as exc:
             log.error("engine actor %s failed to start on %s: %s", name, address, exc)
@@ -206,16 +206,16 @@ class ClusterRuntime:
             raise
         self._futures[name] = future
         self._handles[name] = handle
-        self.service.add_actor(deployment.served_model_name, handle)
+        self.service.add_actor(deployment.model_name, handle)
         self._on_actor_event(
             name, "ready", {"worker": address, "stream_address": info.stream_address}
         )
         log.info("engine actor %s ready on %s (stream %s)", name, address, info.stream_address)
 
-    async def _with_kv_listener(self, proxy: Any, role: str, info: ActorInfo) -> ActorInfo:
+    async def _with_kv_listener(self, proxy: Any, role: Role, info: ActorInfo) -> ActorInfo:
         """A prefill or decode actor's info with its KV listener's address (opened once;
         an adopted actor answers with the one it has)."""
-        if role == AGGREGATED_ROLE:
+        if role == Role.AGGREGATED:
             return info
         transport = self.service.disagg.options.transport
         address = await asyncio.wait_for(proxy.open_kv_transfer(transport), ACTOR_START_TIMEOUT_S)
@@ -236,7 +236,7 @@ class ClusterRuntime:
         for found in await actor_adoption.find_published(self.client):
             self._used_names.add(found.name)
             plan = plans.get(found.deployment)
-            if plan is None or plan.spec != found.spec:
+            if plan is None or engine_spec(plan) != found.spec:
                 log.warning("stopping engine actor %s: no deployment wants it now", found.name)
                 await _stop_quietly(found.proxy)
                 await actor_adoption.withdraw(self.client, found.name)
@@ -246,7 +246,7 @@ class ClusterRuntime:
             await handle.connect()
             self._futures[found.name] = found.future
             self._handles[found.name] = handle
-            self.service.add_actor(plan.served_model_name, handle)
+            self.service.add_actor(plan.model_name, handle)
             details = {"worker": handle.worker, "deployment": found.deployment}
             self._on_actor_event(found.name, "starting", details)
             self._on_actor_event(

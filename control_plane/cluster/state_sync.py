@@ -12,60 +12,25 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from dynask.actors.runtime.engine_factory import EngineSpec
-from dynask.control_plane.cluster.plan import DeploymentPlan
+from dynask.control_plane.state.deployment import DeploymentSpec
 from dynask.control_plane.state.repository import (
     ActorId,
     ActorNotFoundError,
     Deployment,
-    DeploymentSpec,
     Repository,
 )
 
 log = logging.getLogger(__name__)
 
-BUNDLED_MODEL = "bundled:SmolLM2-135M-Instruct"  # stored for "no model given"
 
-
-def plan_to_spec(plan: DeploymentPlan) -> DeploymentSpec:
-    return DeploymentSpec(
-        name=plan.name,
-        model=plan.spec.model or BUNDLED_MODEL,
-        engine=plan.spec.kind,
-        replicas=plan.replicas,
-        engine_args=dict(plan.spec.engine_args),
-        served_model_name=plan.served_model_name,
-        engine_file=plan.spec.python_file,
-        role=plan.role,
-    )
-
-
-def deployment_to_plan(deployment: Deployment) -> DeploymentPlan:
-    model = None if deployment.model == BUNDLED_MODEL else deployment.model
-    spec = EngineSpec(
-        kind=deployment.engine,
-        model=model,
-        python_file=deployment.engine_file,
-        engine_args=dict(deployment.engine_args),
-    )
-    return DeploymentPlan(
-        deployment.name,
-        deployment.served_model_name or deployment.name,
-        spec,
-        deployment.replicas,
-        deployment.role,
-    )
-
-
-def store_deployments(repo: Repository, plans: list[DeploymentPlan], who: str) -> None:
-    """Writes ``plans`` as the desired state; a changed deployment is replaced."""
-    for plan in plans:
-        wanted = plan_to_spec(plan)
-        current = repo.get_deployment(plan.name)
+def store_deployments(repo: Repository, deployments: list[DeploymentSpec], who: str) -> None:
+    """Writes ``deployments`` as the desired state; a changed deployment is replaced."""
+    for wanted in deployments:
+        current = repo.get_deployment(wanted.name)
         if current is not None and _same(current, wanted):
             continue
         if current is not None:
-            repo.delete_deployment(plan.name, who)
+            repo.delete_deployment(wanted.name, who)
         repo.create_deployment(wanted, who)
 
 
@@ -76,8 +41,8 @@ def _same(current: Deployment, wanted: DeploymentSpec) -> bool:
     )
 
 
-def stored_plans(repo: Repository) -> list[DeploymentPlan]:
-    return [deployment_to_plan(d) for d in repo.list_deployments()]
+def stored_deployments(repo: Repository) -> list[DeploymentSpec]:
+    return [d.spec() for d in repo.list_deployments()]
 
 
 class ActorRecorder:
@@ -109,12 +74,6 @@ class ActorRecorder:
     def _record(self, actor: str, status: str, details: dict[str, Any]) -> None:
         worker = str(details.get("worker", ""))
         if status == "starting":
-            self.repo.upsert_worker(
-                worker,
-                str(details.get("worker_name", worker)),
-                dict(details.get("resources", {})),
-                [],
-            )
             instance = self.repo.add_actor(str(details["deployment"]), worker, "starting")
             self._ids[actor] = instance.id
         elif actor in self._ids:

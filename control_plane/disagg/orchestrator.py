@@ -32,6 +32,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from dynask.control_plane.flags import flag, non_negative_int
 from dynask.control_plane.routing.model_routing import (
     ModelRouting,
     NoReadyActorError,
@@ -41,19 +42,46 @@ from dynask.control_plane.serving.actor_handle import ActorHandle
 
 log = logging.getLogger(__name__)
 
-PREFILL_ROLE, DECODE_ROLE, AGGREGATED_ROLE = "prefill", "decode", "aggregated"
 
 Submit = Callable[[bytes], Awaitable[None]]
+
+
+def _transports() -> tuple[str, ...]:
+    from dynask.kv.transfer import TRANSPORTS  # imports torch: only when flags are built
+
+    return tuple(TRANSPORTS)
 
 
 @dataclass(frozen=True)
 class DisaggOptions:
     """When prompts are prefilled remotely and how KV moves (``dynask run/serve`` flags)."""
 
-    transport: str = "tcp"
-    min_remote_prefill_tokens: int = 64
-    max_prefills_per_actor: int = 8
-    transfer_timeout_s: float = 30.0
+    transport: str = flag(
+        "--kv-transport",
+        "tcp",
+        "how KV blocks move between actors (ucxx needs the ucxx-cu12/cu13 wheel)",
+        choices=_transports,
+    )
+    min_remote_prefill_tokens: int = flag(
+        "--remote-prefill-min-tokens",
+        64,
+        "prompts with fewer tokens uncached on the decode engine prefill there (default {default})",
+        type=non_negative_int,
+    )
+    max_prefills_per_actor: int = flag(
+        "--max-prefills-per-worker",
+        8,
+        "remote prefills in flight per prefill engine; when all are at it, the decode "
+        "engine prefills (default {default})",
+        type=non_negative_int,
+    )
+    transfer_timeout_s: float = flag(
+        "--kv-transfer-timeout",
+        30.0,
+        "seconds a decode engine waits for remote KV before prefilling itself "
+        "(default {default:g})",
+        type=float,
+    )
 
     def __post_init__(self) -> None:
         from dynask.kv.transfer import TRANSPORTS

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dynask.control_plane.graphs.sdk import Component, service
+from dynask.control_plane.state.deployment import Role
 
 PROCESSED_KEYS = ("messages", "prompt")
 """What ``Processor.process`` may change; the rest of a request is not its to touch."""
@@ -78,14 +79,14 @@ def overrides_process(cls: type) -> bool:
 @service(resources={"gpu": 1}, workers=1)
 class Worker(Component):
     kind = "worker"
-    role = "aggregated"
+    role = Role.AGGREGATED
 
 
 @service(resources={"gpu": 1}, workers=1)
 class PrefillWorker(Worker):
-    role = "prefill"
+    role = Role.PREFILL
 
 
 @service(resources={"gpu": 1}, workers=1)
 class DecodeWorker(Worker):
-    role = "decode"
+    role = Role.DECODE

@@ -20,6 +20,7 @@ file, component, key and value.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from dynask.control_plane.cluster.plan import DeploymentPlan, served_name
+from dynask.control_plane.cluster.plan import engine_spec, served_name
 from dynask.control_plane.graphs.components import (
     DeploymentRef,
     Frontend,
@@ -37,6 +38,7 @@ from dynask.control_plane.graphs.components import (
 )
 from dynask.control_plane.graphs.sdk import Graph, check_resources, dependencies, service_spec
 from dynask.control_plane.routing.kv_router import ROUTING_MODES
+from dynask.control_plane.state.deployment import BUNDLED_MODEL, DeploymentSpec, parse_role
 
 COMMON = "Common"
 _FRONTEND_KEYS = ("served_model_name", "port")
@@ -53,7 +55,7 @@ class GraphPlan:
     target: str
     description: dict[str, Any]
     config: dict[str, dict[str, Any]]
-    deployments: list[DeploymentPlan]
+    deployments: list[DeploymentSpec]
     routing: dict[str, Any] = field(default_factory=dict)  # RoutingOptions fields
     frontend: dict[str, Any] = field(default_factory=dict)  # served_model_name, port, host
     processor: type | None = None  # a custom Processor to run as an actor
@@ -152,10 +154,8 @@ def plan_graph(graph: Graph, target: str, data: dict[str, Any], where: str) -> G
     deployments = [
         _deployment(c, merged[c.__name__], service_args[c.__name__], name, where) for c in workers
     ]
-    served = frontend.get("served_model_name") or served_name(deployments[0].spec.model)
-    deployments = [
-        DeploymentPlan(d.name, str(served), d.spec, d.replicas, d.role) for d in deployments
-    ]
+    served = frontend.get("served_model_name") or served_name(deployments[0].model_path)
+    deployments = [dataclasses.replace(d, served_model_name=str(served)) for d in deployments]
     description = graph.describe()
     for component, cls in zip(description["components"], graph.components, strict=True):
         component.update(service_args[cls.__name__])
@@ -166,7 +166,7 @@ def plan_graph(graph: Graph, target: str, data: dict[str, Any], where: str) -> G
         for attr, dep in dependencies(customs[0]).items():
             for cls, plan in zip(workers, deployments, strict=True):
                 if issubclass(cls, dep.target):
-                    handles[attr] = DeploymentRef(plan.name, plan.served_model_name)
+                    handles[attr] = DeploymentRef(plan.name, plan.model_name)
                     break
     return GraphPlan(
         name=name,
@@ -237,22 +237,29 @@ def _routing(settings: dict[str, Any], where: str) -> dict[str, Any]:
 
 def _deployment(
     cls: type, settings: dict[str, Any], service_args: dict[str, Any], graph: str, where: str
-) -> DeploymentPlan:
-    from dynask.actors.runtime.engine_factory import EngineSpec, parse_engine
-    from dynask.control_plane.state.models import ROLES
+) -> DeploymentSpec:
+    from dynask.actors.runtime.engine_factory import parse_engine
 
     here = f"{where}: {cls.__name__}"
-    role = settings.get("role", getattr(cls, "role", "aggregated"))
-    if role not in ROLES:
-        raise ValueError(f"{here} 'role' has value {role!r}; expected one of {', '.join(ROLES)}")
+    role = parse_role(settings.get("role", getattr(cls, "role", "aggregated")), here)
     engine_args = {k: v for k, v in settings.items() if k not in (*_WORKER_KEYS, "ServiceArgs")}
     model = settings.get("model")
     if model is not None and not isinstance(model, str):
         raise ValueError(f"{here} 'model' has value {model!r}; expected a path or hub id")
+    name = f"{graph}-{_slug(cls.__name__)}"
     try:
         kind, python_file = parse_engine(str(settings.get("engine", "torch")))
-        spec = EngineSpec(kind=kind, model=model, python_file=python_file, engine_args=engine_args)
+        deployment = DeploymentSpec(
+            name=name,
+            model=model or BUNDLED_MODEL,
+            engine=kind,
+            role=role,
+            replicas=service_args["workers"],
+            engine_args=engine_args,
+            served_model_name=name,
+            engine_file=python_file,
+        )
+        engine_spec(deployment)  # the engine factory's own checks, now
     except ValueError as exc:
         raise ValueError(f"{here}: {exc}") from exc
-    name = f"{graph}-{_slug(cls.__name__)}"
-    return DeploymentPlan(name, name, spec, service_args["workers"], role)
+    return deployment

@@ -28,9 +28,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from dynask.control_plane.flags import flag
 from dynask.control_plane.serving.latency_window import LatencySummary
+from dynask.control_plane.state.deployment import Role
 
-PREFILL, DECODE = "prefill", "decode"
 KV_USAGE_LIMIT = 0.9
 
 
@@ -38,16 +39,49 @@ KV_USAGE_LIMIT = 0.9
 class PlannerConfig:
     """Targets, bounds and pacing of the planner; validated on construction."""
 
-    ttft_target_ms: float = 500.0
-    itl_target_ms: float = 50.0
-    min_replicas: int = 1
-    max_workers: int = 8  # the budget: replicas of all planned deployments together
-    interval_s: float = 5.0
-    window_s: float = 10.0  # requests of this many seconds make one observation
+    dry_run: bool = flag(
+        "--planner-dry-run",
+        False,
+        "with --planner: only log what it would do (planner.would_scale events)",
+        action="store_true",
+    )
+    ttft_target_ms: float = flag(
+        "--ttft-target-ms",
+        500.0,
+        "90th-percentile time to first token to keep (default {default:g})",
+        type=float,
+    )
+    itl_target_ms: float = flag(
+        "--itl-target-ms",
+        50.0,
+        "90th-percentile inter-token latency to keep (default {default:g})",
+        type=float,
+    )
+    interval_s: float = flag(
+        "--planner-interval", 5.0, "seconds between decisions (default {default:g})", type=float
+    )
+    window_s: float = flag(  # requests of this many seconds make one observation
+        "--planner-window",
+        10.0,
+        "seconds of recent requests per observation (default {default:g})",
+        type=float,
+    )
+    min_replicas: int = flag(
+        "--planner-min-replicas",
+        1,
+        "never fewer replicas per deployment (default {default})",
+        type=int,
+    )
+    max_workers: int = flag(  # the budget: replicas of all planned deployments together
+        "--planner-max-workers",
+        8,
+        "the budget: replicas of all deployments together, and the most workers an "
+        "embedded cluster grows to (default {default})",
+        type=int,
+    )
     scale_up_at: float = 0.8  # of the target: headroom, as the targets are p90s
     scale_down_margin: float = 0.6
     max_step: int = 2
-    dry_run: bool = False
 
     def __post_init__(self) -> None:
         for name in ("ttft_target_ms", "itl_target_ms", "interval_s", "window_s"):
@@ -79,7 +113,7 @@ class DeploymentLoad:
     """What the planner saw of one deployment over the last window."""
 
     name: str
-    role: str  # aggregated | prefill | decode
+    role: Role
     replicas: int  # desired
     ready: int
     latency: LatencySummary
@@ -158,10 +192,10 @@ def _latency_ratio(config: PlannerConfig, load: DeploymentLoad) -> tuple[float, 
     """The worst observed/target ratio of the role's targets, and its description."""
     parts: list[tuple[float, str]] = []
     ttft, itl = load.latency.ttft_p90_s, load.latency.itl_p90_s
-    if load.role != DECODE and ttft is not None:
+    if load.role != Role.DECODE and ttft is not None:
         target = config.ttft_target_ms
         parts.append((ttft * 1000 / target, f"TTFT p90 {ttft * 1000:.0f} ms (target {target:g})"))
-    if load.role != PREFILL and itl is not None:
+    if load.role != Role.PREFILL and itl is not None:
         target = config.itl_target_ms
         parts.append((itl * 1000 / target, f"ITL p90 {itl * 1000:.1f} ms (target {target:g})"))
     if not parts:

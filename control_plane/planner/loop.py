@@ -94,10 +94,10 @@ class PlannerLoop:
             ready.setdefault(handle.deployment, []).append(kv_usage)
         loads = []
         for plan in self.runtime.deployments:
-            summary = window.summary(plan.served_model_name, w)
+            summary = window.summary(plan.model_name, w)
             previous = None
             if self.clock() - self.started_at >= 2 * w:
-                both = len(window.recent(plan.served_model_name, 2 * w))
+                both = len(window.recent(plan.model_name, 2 * w))
                 previous = (both - summary.requests) / w
             usage = ready.get(plan.name, [])
             loads.append(

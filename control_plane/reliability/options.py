@@ -1,13 +1,16 @@
 """How the control plane survives lost workers and overload: one validated config object.
 
-The CLI flags (``--migration-limit``, ``--heartbeat-interval``, ``--heartbeat-timeout``,
-``--max-in-flight``, ``--max-queued-prefill-tokens``) land here; the service (migration,
+Its fields declare their CLI flags (``--migration-limit``, ``--heartbeat-interval``,
+``--heartbeat-timeout``, ``--engine-stall-timeout``, ``--max-in-flight``,
+``--max-queued-prefill-tokens``; see ``control_plane.flags``); the service (migration,
 admission) and the cluster runtime (actor health) read it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from dynask.control_plane.flags import flag, limit, non_negative_int, seconds
 
 DEFAULT_MAX_IN_FLIGHT = 4096
 DEFAULT_MAX_QUEUED_PREFILL_TOKENS = 2**21  # ~2M prompt tokens waiting for their first token
@@ -17,13 +20,46 @@ DEFAULT_MAX_QUEUED_PREFILL_TOKENS = 2**21  # ~2M prompt tokens waiting for their
 class ReliabilityOptions:
     """Limits and timings of migration, failure detection and load shedding."""
 
-    migration_limit: int = 3  # times one request may move to another actor
+    migration_limit: int = flag(  # times one request may move to another actor
+        "--migration-limit",
+        3,
+        "times one request may move to another engine when its own is lost "
+        "(default {default}; 0: never move)",
+        type=non_negative_int,
+    )
     migration_wait_s: float = 30.0  # how long a moving request waits for a ready actor
-    heartbeat_interval_s: float = 1.0  # between two health calls to one actor
-    heartbeat_timeout_s: float = 10.0  # no answer for this long: the actor is lost
-    engine_stall_timeout_s: float = 120.0  # work waiting, no engine step this long: lost
-    max_in_flight: int | None = DEFAULT_MAX_IN_FLIGHT  # None: no limit
-    max_queued_prefill_tokens: int | None = DEFAULT_MAX_QUEUED_PREFILL_TOKENS  # None: no limit
+    heartbeat_interval_s: float = flag(  # between two health calls to one actor
+        "--heartbeat-interval",
+        1.0,
+        "seconds between health calls to each engine actor (default {default:g})",
+        type=seconds,
+    )
+    heartbeat_timeout_s: float = flag(  # no answer for this long: the actor is lost
+        "--heartbeat-timeout",
+        10.0,
+        "an engine actor silent this long is lost: its requests move (default {default:g})",
+        type=seconds,
+    )
+    engine_stall_timeout_s: float = flag(  # work waiting, no engine step this long: lost
+        "--engine-stall-timeout",
+        120.0,
+        "an engine with requests but no step for this long is lost, though its "
+        "worker answers (default {default:g}; longer than your slowest step)",
+        type=seconds,
+    )
+    max_in_flight: int | None = flag(  # None: no limit
+        "--max-in-flight",
+        DEFAULT_MAX_IN_FLIGHT,
+        "503 beyond this many requests in flight (default {default}; 'none': no limit)",
+        type=limit,
+    )
+    max_queued_prefill_tokens: int | None = flag(  # None: no limit
+        "--max-queued-prefill-tokens",
+        DEFAULT_MAX_QUEUED_PREFILL_TOKENS,
+        "503 beyond this many prompt tokens waiting for their first token (default "
+        "{default}; 'none': no limit)",
+        type=limit,
+    )
 
     def __post_init__(self) -> None:
         _check_int("migration_limit", self.migration_limit, minimum=0)

@@ -27,6 +27,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from dynask.control_plane.flags import flag, non_negative_float, positive_int
 from dynask.control_plane.routing.kv_event_sync import ActorKVSync
 from dynask.control_plane.routing.kv_router import (
     DEFAULT_LOG_SIZE,
@@ -53,11 +54,36 @@ log = logging.getLogger(__name__)
 class RoutingOptions:
     """How the control plane routes (``--router-mode`` and friends)."""
 
-    mode: str = KV_MODE
-    overlap_weight: float = 1.0
-    temperature: float = 0.0
-    max_active_blocks: int | None = None  # None: never shed on active blocks
-    max_queue: int | None = None  # None: never shed on queued requests
+    mode: str = flag(
+        "--router-mode",
+        KV_MODE,
+        "kv: the actor holding most of the prompt's KV, net of its load (default)",
+        choices=ROUTING_MODES,
+    )
+    overlap_weight: float = flag(
+        "--kv-overlap-weight",
+        1.0,
+        "cost of one prefill block against one decode block (default {default})",
+        type=non_negative_float,
+    )
+    temperature: float = flag(
+        "--router-temperature",
+        0.0,
+        "0: lowest cost wins; > 0: sample by softmax over the costs",
+        type=non_negative_float,
+    )
+    max_active_blocks: int | None = flag(  # None: never shed on active blocks
+        "--max-active-blocks",
+        None,
+        "503 when every engine has this many KV blocks in flight (default: no limit)",
+        type=positive_int,
+    )
+    max_queue: int | None = flag(  # None: never shed on queued requests
+        "--max-queue",
+        None,
+        "503 when every engine has this many requests waiting (default: no limit)",
+        type=positive_int,
+    )
     seed: int | None = None
     log_size: int = DEFAULT_LOG_SIZE
 

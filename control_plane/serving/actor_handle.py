@@ -33,6 +33,7 @@ from dynask.actors.runtime.token_stream import (
 )
 from dynask.control_plane.serving.actor_load import DEFAULT_BLOCK_SIZE, ActorLoad
 from dynask.control_plane.serving.submit_batcher import SubmitBatcher
+from dynask.control_plane.state.deployment import Role
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ class ActorHandle:
     info: ActorInfo
     stats: EngineStats | None = None  # the latest ``refresh_stats``
     listener: StreamListener | None = None
-    role: str = "aggregated"  # or "prefill" / "decode" (disagg_orchestrator)
+    role: Role = Role.AGGREGATED
     load: ActorLoad = field(init=False)
     _queues: dict[str, asyncio.Queue[RequestOutput | None]] = field(default_factory=dict)
     _reader_task: asyncio.Task[None] | None = None

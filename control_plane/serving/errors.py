@@ -22,8 +22,8 @@ class ServingError(Exception):
 class InvalidRequestError(ServingError):
     """The request itself is wrong (too long for the model, a bad token id...)."""
 
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(message, code="invalid_value", param=param)
+    def __init__(self, param: str, message: str, code: str = "invalid_value") -> None:
+        super().__init__(message, code=code, param=param)
 
 
 class ModelNotFoundError(ServingError):

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dynask.actors.api.sampling_params import SamplingParams
-from dynask.control_plane.disagg.orchestrator import PREFILL_ROLE
 from dynask.control_plane.routing.model_routing import ModelRouting
 from dynask.control_plane.serving.actor_handle import ActorHandle
+from dynask.control_plane.state.deployment import Role
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,12 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     router_mode: str | None = None  # None: the server's default
+
+    def text_bytes(self) -> int:
+        """UTF-8 bytes of the prompt's text (0 for token ids): a cheap bound on its tokens."""
+        if self.messages is not None:
+            return sum(len(m["content"].encode()) for m in self.messages)
+        return len(self.prompt.encode()) if isinstance(self.prompt, str) else 0
 
 
 @dataclass
@@ -46,13 +52,13 @@ class ServedModel:
 
     @property
     def prefill_actors(self) -> list[ActorHandle]:
-        return [a for a in self.actors if a.role == PREFILL_ROLE]
+        return [a for a in self.actors if a.role == Role.PREFILL]
 
     @property
     def serving_actors(self) -> list[ActorHandle]:
         """The actors requests are routed to: all but the prefill-only ones (or, if a
         model has nothing else, those too, prefilling and decoding by themselves)."""
-        return [a for a in self.actors if a.role != PREFILL_ROLE] or self.actors
+        return [a for a in self.actors if a.role != Role.PREFILL] or self.actors
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,14 @@ from dynask.control_plane.serving.metrics import ServingMetrics
 from dynask.control_plane.serving.placer import Placer
 from dynask.control_plane.serving.request import GenerationRequest, PreparedRequest, ServedModel
 
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # OpenAI's code for a context overflow
+# A prompt is refused before tokenizing when its text, at this many bytes per token (about
+# what BPE tokenizers average on English), would fill the context this many times over:
+# no real text averages 16 bytes per token, so only prompts that cannot fit are refused.
+BYTES_PER_TOKEN = 4
+OBVIOUSLY_TOO_LONG = 4
+QUOTED_CHARS = 80
+
 
 class ServingService:
     def __init__(
@@ -91,14 +99,28 @@ class ServingService:
     # ---- requests -----------------------------------------------------------------
 
     def prepare(self, request: GenerationRequest, prefix: str) -> PreparedRequest:
+        """Applies the chat template and tokenizes: CPU-bound, so the HTTP layer calls it
+        in a worker thread (``asyncio.to_thread``), never on the event loop. A prompt
+        whose text is obviously longer than the context is refused before tokenizing."""
         model = self.model(request.model)
-        prompt_ids = self._prompt_ids(model, request)
         limit = model.max_model_len
+        prompt_param = "messages" if request.messages is not None else "prompt"
+        text_bytes = request.text_bytes()
+        if text_bytes / BYTES_PER_TOKEN > limit * OBVIOUSLY_TOO_LONG:
+            raise InvalidRequestError(
+                prompt_param,
+                f"this model's context is {limit} tokens, but the prompt has {text_bytes} "
+                f"bytes of text (about {text_bytes // BYTES_PER_TOKEN} tokens); shorten the "
+                "prompt",
+                code=CONTEXT_LENGTH_EXCEEDED,
+            )
+        prompt_ids = self._prompt_ids(model, request)
         if len(prompt_ids) >= limit:
             raise InvalidRequestError(
-                "messages" if request.messages is not None else "prompt",
+                prompt_param,
                 f"this model's context is {limit} tokens, but the prompt has {len(prompt_ids)} "
                 "tokens; shorten the prompt",
+                code=CONTEXT_LENGTH_EXCEEDED,
             )
         max_tokens = request.max_tokens or limit - len(prompt_ids)
         if len(prompt_ids) + max_tokens > limit:
@@ -107,6 +129,7 @@ class ServingService:
                 f"this model's context is {limit} tokens: the prompt has {len(prompt_ids)} "
                 f"tokens and max_tokens is {max_tokens}; ask for at most "
                 f"{limit - len(prompt_ids)} tokens",
+                code=CONTEXT_LENGTH_EXCEEDED,
             )
         try:
             params = SamplingParams(**request.sampling, max_tokens=max_tokens)
@@ -120,7 +143,8 @@ class ServingService:
         if model is None or not model.actors:
             available = ", ".join(sorted(m for m, v in self.models.items() if v.actors)) or "none"
             raise ModelNotFoundError(
-                f"the model '{name}' does not exist or has no ready engine; available: {available}"
+                f"the model {_quoted(name)} does not exist or has no ready engine; "
+                f"available: {available}"
             )
         return model
 
@@ -184,3 +208,9 @@ def tokenizer_from_files(files: dict[str, bytes]) -> Any:
         for name, data in files.items():
             (Path(folder) / name).write_bytes(data)
         return AutoTokenizer.from_pretrained(folder)
+
+
+def _quoted(text: str) -> str:
+    """``text`` quoted for a message, in ASCII (a NUL or a megabyte of it cannot break
+    the answer), cut to about ``QUOTED_CHARS``."""
+    return ascii(text[:QUOTED_CHARS]) + ("..." if len(text) > QUOTED_CHARS else "")

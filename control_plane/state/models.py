@@ -1,4 +1,4 @@
-"""SQLAlchemy models of the control plane's state: deployments, workers, actors, events,
+"""SQLAlchemy models of the control plane's state: deployments, actors, events,
 admin users, API keys.
 
 Design decisions:
@@ -29,9 +29,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-ENGINES = ("torch", "vllm", "mocker", "echo", "python")
-ROLES = ("aggregated", "prefill", "decode")
-WORKER_STATUSES = ("alive", "gone")
+from dynask.control_plane.state.deployment import ENGINES, ROLES
+
 ACTOR_STATUSES = ("starting", "ready", "failed", "stopped", "lost")
 
 NAMING_CONVENTION = {
@@ -106,21 +105,6 @@ class DeploymentRow(Base):
     engine_file: Mapped[str | None] = mapped_column(String(1024))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
-
-
-class WorkerRow(Base):
-    """A Dask worker the control plane has seen (observed state)."""
-
-    __tablename__ = "workers"
-    __table_args__ = (CheckConstraint(one_of("status", WORKER_STATUSES), name="status_known"),)
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    address: Mapped[str] = mapped_column(String(255), unique=True)
-    name: Mapped[str] = mapped_column(String(255))
-    resources: Mapped[dict[str, Any]]
-    gpus: Mapped[list[dict[str, Any]]]
-    status: Mapped[str] = mapped_column(String(16))
-    last_seen: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class ActorInstanceRow(Base):

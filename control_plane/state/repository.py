@@ -12,10 +12,8 @@ Design decisions:
 from __future__ import annotations
 
 import enum
-import json
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NewType, TypeVar
 
@@ -23,15 +21,18 @@ from sqlalchemy import ColumnElement, Engine, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from dynask.control_plane.state.deployment import (
+    DeploymentSpec,
+    Role,
+    check_engine_args,
+    check_replicas,
+)
 from dynask.control_plane.state.models import (
     ACTOR_STATUSES,
-    ENGINES,
-    ROLES,
     ActorInstanceRow,
     Base,
     DeploymentRow,
     EventRow,
-    WorkerRow,
     utcnow,
 )
 
@@ -40,7 +41,6 @@ if TYPE_CHECKING:
 
 ActorId = NewType("ActorId", int)
 RecordT = TypeVar("RecordT", bound="DataclassInstance")
-NAME_PATTERN = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 
 
 class DeploymentExistsError(ValueError):
@@ -58,64 +58,8 @@ class DeploymentNotFoundError(NotFoundError):
     """No deployment has that name."""
 
 
-class WorkerNotFoundError(NotFoundError):
-    """No worker has that address."""
-
-
 class ActorNotFoundError(NotFoundError):
     """No actor instance has that id."""
-
-
-def _invalid(field_name: str, value: Any, expected: str) -> ValueError:
-    return ValueError(f"Deployment {field_name!r} has value {value!r}; expected {expected}")
-
-
-def check_replicas(replicas: Any) -> None:
-    """Raises ValueError unless ``replicas`` is an integer >= 0."""
-    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
-        raise _invalid("replicas", replicas, "an integer >= 0")
-
-
-def check_engine_args(engine_args: Any) -> None:
-    """Raises ValueError unless ``engine_args`` is a JSON object (string keys)."""
-    try:
-        ok = isinstance(engine_args, Mapping) and all(isinstance(k, str) for k in engine_args)
-        json.dumps(engine_args)
-    except (TypeError, ValueError):
-        ok = False
-    if not ok:
-        raise _invalid("engine_args", engine_args, "a JSON object with string keys")
-
-
-@dataclass(frozen=True)
-class DeploymentSpec:
-    """What to deploy; every field is checked on construction."""
-
-    name: str
-    model: str
-    engine: str = "torch"
-    role: str = "aggregated"
-    replicas: int = 1
-    engine_args: Mapping[str, Any] = field(default_factory=dict)
-    served_model_name: str | None = None  # what clients send as "model"
-    engine_file: str | None = None  # the FILE.py of out=python
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not NAME_PATTERN.fullmatch(self.name):
-            raise _invalid(
-                "name",
-                self.name,
-                "1-63 lowercase letters, digits or dashes, starting and ending with a "
-                "letter or digit",
-            )
-        if not isinstance(self.model, str) or not 0 < len(self.model) <= 1024:
-            raise _invalid("model", self.model, "a folder, .gguf file or hub id (1-1024 chars)")
-        if self.engine not in ENGINES:
-            raise _invalid("engine", self.engine, f"one of {', '.join(ENGINES)}")
-        if self.role not in ROLES:
-            raise _invalid("role", self.role, f"one of {', '.join(ROLES)}")
-        check_replicas(self.replicas)
-        check_engine_args(self.engine_args)
 
 
 @dataclass(frozen=True)
@@ -126,7 +70,7 @@ class Deployment:
     name: str
     model: str
     engine: str
-    role: str
+    role: Role
     replicas: int
     engine_args: dict[str, Any]
     served_model_name: str | None
@@ -134,18 +78,18 @@ class Deployment:
     created_at: datetime
     updated_at: datetime
 
-
-@dataclass(frozen=True)
-class Worker:
-    """A Dask worker as last seen."""
-
-    id: int
-    address: str
-    name: str
-    resources: dict[str, Any]
-    gpus: list[dict[str, Any]]
-    status: str
-    last_seen: datetime
+    def spec(self) -> DeploymentSpec:
+        """What this deployment asks for (without its id and timestamps)."""
+        return DeploymentSpec(
+            name=self.name,
+            model=self.model,
+            engine=self.engine,
+            role=self.role,
+            replicas=self.replicas,
+            engine_args=dict(self.engine_args),
+            served_model_name=self.served_model_name,
+            engine_file=self.engine_file,
+        )
 
 
 @dataclass(frozen=True)
@@ -191,7 +135,11 @@ def _record(kind: type[RecordT], row: Base, **values: Any) -> RecordT:
 
 def _spec_values(spec: DeploymentSpec) -> dict[str, Any]:
     values = {f.name: getattr(spec, f.name) for f in fields(spec)}
-    return values | {"engine_args": dict(spec.engine_args)}
+    return values | {"engine_args": dict(spec.engine_args), "role": spec.role.value}
+
+
+def _deployment(row: DeploymentRow) -> Deployment:
+    return _record(Deployment, row, role=Role(row.role))
 
 
 def _check_actor_status(status: str) -> None:
@@ -202,7 +150,7 @@ def _check_actor_status(status: str) -> None:
 
 
 class Repository:
-    """Deployments, workers, actor instances and the event log over one Engine."""
+    """Deployments, actor instances and the event log over one Engine."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -224,7 +172,7 @@ class Repository:
                 session.add(row)
                 session.flush()
                 _add_event(session, who, "deployment.created", spec.name, _spec_values(spec))
-                return _record(Deployment, row)
+                return _deployment(row)
         except IntegrityError as error:  # a concurrent create won the race
             raise exists from error
 
@@ -232,13 +180,13 @@ class Repository:
         """The deployment called ``name``, or None."""
         with self._sessions.begin() as session:
             row = _find_deployment(session, name)
-            return None if row is None else _record(Deployment, row)
+            return None if row is None else _deployment(row)
 
     def list_deployments(self) -> list[Deployment]:
         """All deployments, by name."""
         with self._sessions.begin() as session:
             rows = session.scalars(select(DeploymentRow).order_by(DeploymentRow.name))
-            return [_record(Deployment, row) for row in rows]
+            return [_deployment(row) for row in rows]
 
     def scale_deployment(self, name: str, replicas: int, who: str) -> Deployment:
         """Sets the desired number of replicas of ``name``."""
@@ -248,7 +196,7 @@ class Repository:
             details = {"from": row.replicas, "to": replicas}
             row.replicas, row.updated_at = replicas, utcnow()
             _add_event(session, who, "deployment.scaled", name, details)
-            return _record(Deployment, row)
+            return _deployment(row)
 
     def update_engine_args(self, name: str, args: Mapping[str, Any], who: str) -> Deployment:
         """Replaces the engine arguments of ``name``."""
@@ -257,7 +205,7 @@ class Repository:
             row = _get_deployment(session, name)
             row.engine_args, row.updated_at = dict(args), utcnow()
             _add_event(session, who, "deployment.updated", name, {"engine_args": dict(args)})
-            return _record(Deployment, row)
+            return _deployment(row)
 
     def delete_deployment(self, name: str, who: str) -> None:
         """Deletes ``name`` and (by ON DELETE CASCADE) its actor instances."""
@@ -265,39 +213,6 @@ class Repository:
             row = _get_deployment(session, name)
             session.delete(row)
             _add_event(session, who, "deployment.deleted", name, {})
-
-    # -- workers -----------------------------------------------------------------------
-
-    def upsert_worker(
-        self, address: str, name: str, resources: Mapping[str, Any], gpus: list[dict[str, Any]]
-    ) -> Worker:
-        """Records ``address`` as alive and seen now, creating or updating its row."""
-        with self._sessions.begin() as session:
-            row = session.scalar(select(WorkerRow).where(WorkerRow.address == address))
-            if row is None:
-                row = WorkerRow(address=address)
-                session.add(row)
-            row.name, row.resources, row.gpus = name, dict(resources), list(gpus)
-            row.status, row.last_seen = "alive", utcnow()
-            session.flush()
-            return _record(Worker, row)
-
-    def mark_worker_gone(self, address: str) -> Worker:
-        """Marks the worker at ``address`` gone (its actors are the reconciler's job)."""
-        with self._sessions.begin() as session:
-            row = session.scalar(select(WorkerRow).where(WorkerRow.address == address))
-            if row is None:
-                raise WorkerNotFoundError(f"Worker {address!r} is not known")
-            row.status = "gone"
-            return _record(Worker, row)
-
-    def list_workers(self, include_gone: bool = False) -> list[Worker]:
-        """Workers by address; only alive ones unless ``include_gone``."""
-        query = select(WorkerRow).order_by(WorkerRow.address)
-        if not include_gone:
-            query = query.where(WorkerRow.status == "alive")
-        with self._sessions.begin() as session:
-            return [_record(Worker, row) for row in session.scalars(query)]
 
     # -- actor instances ---------------------------------------------------------------
 

@@ -137,7 +137,7 @@ def test_a_deployment_is_stored_applied_and_logged(stack: AdminStack, csrf: str)
     assert status == 303
     [plan] = stack.runtime.deployments
     assert (plan.name, plan.served_model_name, plan.replicas) == ("mock", "mock", 2)
-    assert (plan.spec.kind, plan.spec.model, plan.spec.engine_args) == (
+    assert (plan.engine, plan.model_path, plan.engine_args) == (
         "mocker",
         None,
         {"speedup_ratio": 0},

@@ -12,7 +12,6 @@ import pytest
 from starlette.middleware import Middleware
 from starlette.testclient import TestClient
 
-from dynask.actors.runtime.engine_factory import EngineSpec
 from dynask.control_plane.api.app import build_app
 from dynask.control_plane.api.key_guard import (
     INVALID_KEY_MESSAGE,
@@ -21,12 +20,12 @@ from dynask.control_plane.api.key_guard import (
     RequireApiKey,
     bearer_key,
 )
-from dynask.control_plane.cluster.plan import DeploymentPlan
 from dynask.control_plane.server import ControlPlane, ServerOptions
 from dynask.control_plane.serving.metrics import ServingMetrics
 from dynask.control_plane.serving.service import ServingService
 from dynask.control_plane.state.api_keys import ApiKeys
 from dynask.control_plane.state.database import make_engine, upgrade
+from dynask.control_plane.state.deployment import DeploymentSpec
 
 REFRESH_S = 2.0
 
@@ -165,7 +164,7 @@ def test_a_control_plane_without_keys_says_how_to_make_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     db = f"sqlite:///{tmp_path / 'cp.db'}"
-    plan = DeploymentPlan("echo", "echo", EngineSpec(kind="echo"))
+    plan = DeploymentSpec("echo", engine="echo")
     control_plane = ControlPlane([plan], ServerOptions(database_url=db, require_api_key=True))
     control_plane.announce_keys()
     assert capsys.readouterr().err == (

@@ -14,12 +14,12 @@ EXAMPLE = Path(__file__).resolve().parents[3] / "deploy" / "deploy.yaml"
 def test_the_shipped_example_parses() -> None:
     plans = read_deploy_file(str(EXAMPLE))
 
-    assert [(p.name, p.served_model_name, p.spec.kind, p.replicas) for p in plans] == [
+    assert [(p.name, p.served_model_name, p.engine, p.replicas) for p in plans] == [
         ("smollm2", "smollm2", "torch", 2),
         ("mock", "mock", "mocker", 0),
     ]
-    assert plans[0].spec.engine_args == {"kv_cache_gib": 1.0, "max_num_seqs": 64}
-    assert plans[0].spec.model is None
+    assert plans[0].engine_args == {"kv_cache_gib": 1.0, "max_num_seqs": 64}
+    assert plans[0].model_path is None
 
 
 @pytest.mark.parametrize(

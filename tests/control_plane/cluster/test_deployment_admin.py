@@ -14,10 +14,10 @@ from dynask.control_plane.cluster.deployment_admin import (
     check_model,
 )
 from dynask.control_plane.cluster.reconciler import ClusterRuntime
-from dynask.control_plane.cluster.state_sync import BUNDLED_MODEL
 from dynask.control_plane.serving.metrics import ServingMetrics
 from dynask.control_plane.serving.service import ServingService
-from dynask.control_plane.state.repository import DeploymentSpec, Repository
+from dynask.control_plane.state.deployment import BUNDLED_MODEL, DeploymentSpec
+from dynask.control_plane.state.repository import Repository
 
 
 @pytest.mark.parametrize("model", ["", "bundled:SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2"])

@@ -18,6 +18,7 @@ import openai
 import pytest
 
 from tests.control_plane import server_process as sp
+from tests.control_plane.state.test_migrations import HEAD
 
 pytestmark = pytest.mark.slow
 
@@ -149,7 +150,7 @@ def test_db_upgrade_command(tmp_path: Path) -> None:
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == f"{db}: schema revision 0005"
+    assert done.stdout.strip() == f"{db}: schema revision {HEAD}"
 
 
 def test_serve_without_deployments_says_what_to_do(tmp_path: Path) -> None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import threading
 
 from dynask.control_plane.cluster.state_sync import ActorRecorder
-from dynask.control_plane.state.repository import DeploymentSpec, Repository
+from dynask.control_plane.state.deployment import DeploymentSpec
+from dynask.control_plane.state.repository import Repository
 
 
 class _ThreadNotingRepository(Repository):

@@ -10,22 +10,21 @@ import httpx
 import openai
 import pytest
 
-from dynask.actors.runtime.engine_factory import EngineSpec
 from dynask.control_plane.cli.disagg_flags import embedded_deployments
 from dynask.control_plane.cli.main import _parser, main
 from dynask.control_plane.cluster.deploy_file import read_deploy_file
-from dynask.control_plane.cluster.plan import DeploymentPlan
+from dynask.control_plane.state.deployment import DeploymentSpec, Role
 from tests.control_plane import server_process as sp
 
-AGGREGATED = DeploymentPlan("default", "m", EngineSpec(kind="mocker"), 1)
+AGGREGATED = DeploymentSpec("default", engine="mocker", served_model_name="m")
 
 
 def test_prefill_and_decode_workers_make_two_deployments() -> None:
     args = _parser().parse_args(["run", "--prefill-workers", "1", "--decode-workers", "3"])
     plans, workers = embedded_deployments(args, AGGREGATED)
     assert [(p.name, p.served_model_name, p.replicas, p.role) for p in plans] == [
-        ("default-prefill", "m", 1, "prefill"),
-        ("default-decode", "m", 3, "decode"),
+        ("default-prefill", "m", 1, Role.PREFILL),
+        ("default-decode", "m", 3, Role.DECODE),
     ]
     assert workers == 4
     plain = _parser().parse_args(["run", "--workers", "2"])

@@ -88,8 +88,8 @@ def test_common_configs_merge_and_own_keys_win(tmp_path: Path) -> None:
     )
     (deployment,) = plan.deployments  # type: ignore[attr-defined]
     assert deployment.name == "x-engine" and deployment.served_model_name == "m"
-    assert deployment.replicas == 2 and deployment.spec.kind == "echo"
-    assert deployment.spec.engine_args == {"max_model_len": 64, "delay_s": 0.1}
+    assert deployment.replicas == 2 and deployment.engine == "echo"
+    assert deployment.engine_args == {"max_model_len": 64, "delay_s": 0.1}
     assert plan.routing == {"mode": "round-robin"}  # type: ignore[attr-defined]
     assert plan.processor is Rewriter  # type: ignore[attr-defined]
     assert plan.processor_config == {"prefix": "X "}  # type: ignore[attr-defined]

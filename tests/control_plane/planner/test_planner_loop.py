@@ -20,7 +20,8 @@ from dynask.control_plane.planner.decision import PlannerConfig
 from dynask.control_plane.planner.loop import PlannerLoop
 from dynask.control_plane.serving.metrics import ServingMetrics
 from dynask.control_plane.serving.service import ServingService
-from dynask.control_plane.state.repository import DeploymentSpec, Repository
+from dynask.control_plane.state.deployment import DeploymentSpec
+from dynask.control_plane.state.repository import Repository
 from tests.control_plane.server_process import free_port
 
 MODEL = "mock"

@@ -13,6 +13,7 @@ from dynask.control_plane.state import database
 from dynask.control_plane.state.database import current_revision, downgrade, make_engine, upgrade
 from dynask.control_plane.state.models import Base
 
+HEAD = "0006"  # the newest revision
 TABLES = {
     "alembic_version",
     "actor_instances",
@@ -21,7 +22,6 @@ TABLES = {
     "deployments",
     "events",
     "graphs",
-    "workers",
 }
 
 
@@ -43,12 +43,12 @@ def test_a_new_database_has_no_revision(db_engine: Engine) -> None:
 def test_upgrade_creates_exactly_the_tables(db_engine: Engine) -> None:
     upgrade(db_engine)
     assert _tables(db_engine) == TABLES
-    assert current_revision(db_engine) == "0005"
+    assert current_revision(db_engine) == HEAD
 
 
 def test_upgrade_by_url_opens_its_own_engine(db_url: str, db_engine: Engine) -> None:
     upgrade(db_url)
-    assert current_revision(db_url) == "0005"
+    assert current_revision(db_url) == HEAD
     assert _tables(db_engine) == TABLES
 
 
@@ -56,7 +56,7 @@ def test_upgrade_is_idempotent(db_engine: Engine) -> None:
     upgrade(db_engine)
     upgrade(db_engine)
     assert _tables(db_engine) == TABLES
-    assert current_revision(db_engine) == "0005"
+    assert current_revision(db_engine) == HEAD
 
 
 def test_downgrade_to_base_removes_the_tables(db_engine: Engine) -> None:
@@ -76,7 +76,7 @@ def test_the_comparison_sees_a_column_the_migrations_lack(db_engine: Engine) -> 
     changed = MetaData()
     for table in Base.metadata.tables.values():
         table.to_metadata(changed)
-    changed.tables["workers"].append_column(Column("zone", Integer))
+    changed.tables["deployments"].append_column(Column("zone", Integer))
     [difference] = _differences(db_engine, changed)
     assert difference[0] == "add_column"  # type: ignore[index]
     assert difference[3].name == "zone"  # type: ignore[index]

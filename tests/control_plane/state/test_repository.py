@@ -8,18 +8,15 @@ from typing import Any
 import pytest
 from sqlalchemy.dialects import sqlite
 
+from dynask.control_plane.state.deployment import DeploymentSpec
 from dynask.control_plane.state.models import UTCDateTime
 from dynask.control_plane.state.repository import (
     ActorId,
     ActorNotFoundError,
     DeploymentExistsError,
     DeploymentNotFoundError,
-    DeploymentSpec,
     Repository,
-    WorkerNotFoundError,
 )
-
-GPU = {"index": 0, "name": "NVIDIA H200", "memory_total": 150_000_000_000}
 
 
 def _kinds(repo: Repository) -> list[tuple[str, str, str]]:
@@ -194,46 +191,6 @@ def test_delete_deployment_cascades_to_its_actors(repo: Repository) -> None:
     with pytest.raises(DeploymentNotFoundError) as raised:
         repo.delete_deployment("gone", who="cli")
     assert str(raised.value) == "Deployment 'gone' does not exist"
-
-
-# -- workers -------------------------------------------------------------------------------
-
-
-def test_upsert_worker_inserts_then_updates(repo: Repository) -> None:
-    first = repo.upsert_worker("tcp://10.0.0.5:40123", "gpu-0", {"GPU": 1}, [GPU])
-    assert (first.address, first.name, first.resources, first.gpus, first.status) == (
-        "tcp://10.0.0.5:40123",
-        "gpu-0",
-        {"GPU": 1},
-        [GPU],
-        "alive",
-    )
-    assert first.last_seen.tzinfo is UTC
-    second = repo.upsert_worker("tcp://10.0.0.5:40123", "gpu-0b", {"GPU": 2}, [])
-    assert (second.id, second.name, second.resources, second.gpus) == (
-        first.id,
-        "gpu-0b",
-        {"GPU": 2},
-        [],
-    )
-    assert second.last_seen >= first.last_seen
-    assert repo.list_workers() == [second]
-
-
-def test_gone_workers_are_listed_only_on_request(repo: Repository) -> None:
-    repo.upsert_worker("tcp://10.0.0.6:1", "b", {}, [])
-    repo.upsert_worker("tcp://10.0.0.5:1", "a", {}, [])
-    gone = repo.mark_worker_gone("tcp://10.0.0.6:1")
-    assert gone.status == "gone"
-    assert [w.name for w in repo.list_workers()] == ["a"]
-    assert [(w.name, w.status) for w in repo.list_workers(include_gone=True)] == [
-        ("a", "alive"),
-        ("b", "gone"),
-    ]
-    assert repo.upsert_worker("tcp://10.0.0.6:1", "b", {}, []).status == "alive"
-    with pytest.raises(WorkerNotFoundError) as raised:
-        repo.mark_worker_gone("tcp://nowhere:1")
-    assert str(raised.value) == "Worker 'tcp://nowhere:1' is not known"
 
 
 # -- actor instances -----------------------------------------------------------------------

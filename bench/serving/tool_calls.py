@@ -15,8 +15,8 @@ and, where the engine enforces it, the grammar).
 
 Run it from the repository root::
 
-    .venv/bin/python bench/tool_calls.py            # about a minute on 2 cores
-    .venv/bin/python bench/tool_calls.py --model PATH
+    .venv/bin/python -m bench.serving.tool_calls            # about a minute on 2 cores
+    .venv/bin/python -m bench.serving.tool_calls --model PATH
 
 It prints a table and writes JSON to ``bench/results/tool_calls.json`` (``--out``).
 """
@@ -41,10 +41,10 @@ from typing import Any
 import httpx
 import jsonschema
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
-WEATHER = {
+WEATHER: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "get_weather",
@@ -59,7 +59,7 @@ WEATHER = {
         },
     },
 }
-SEARCH = {
+SEARCH: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "search_web",
@@ -71,7 +71,7 @@ SEARCH = {
         },
     },
 }
-CALCULATOR = {
+CALCULATOR: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "calculate",

@@ -21,6 +21,7 @@ from starlette.middleware import Middleware
 from starlette.routing import BaseRoute
 
 from dynask.control_plane.api.app import build_app
+from dynask.control_plane.api.chat_output import ChatOptions
 from dynask.control_plane.api.engines_routes import make_engines_routes
 from dynask.control_plane.api.key_guard import ApiKeyGuard, RequireApiKey
 from dynask.control_plane.cluster.reconciler import ClusterRuntime
@@ -41,6 +42,7 @@ from dynask.control_plane.state.api_keys import ApiKeys
 from dynask.control_plane.state.database import default_database_url, make_engine, upgrade
 from dynask.control_plane.state.deployment import DeploymentSpec
 from dynask.control_plane.state.repository import Repository
+from dynask.control_plane.state.response_store import ResponseStore
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +78,7 @@ class ServerOptions:
     disagg: DisaggOptions = field(default_factory=DisaggOptions)  # prefill/decode roles
     reliability: ReliabilityOptions = field(default_factory=ReliabilityOptions)
     planner: PlannerConfig | None = None  # None: no autoscaling
+    chat: ChatOptions = field(default_factory=ChatOptions)  # tool-call and reasoning parsers
 
 
 Extension = Callable[["ControlPlane"], list[BaseRoute]]
@@ -126,6 +129,8 @@ class ControlPlane:
             middleware=guard,
             api_key_required=options.require_api_key,
             cors_allow_origins=options.cors_allow_origins,
+            response_store=ResponseStore(self.repo.engine),
+            chat_options=options.chat,
         )
 
     def _desired_state(self, deployments: list[DeploymentSpec]) -> list[DeploymentSpec]:

@@ -11,15 +11,19 @@ from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import BaseRoute
+from starlette.routing import BaseRoute, Route
 
+from dynask.control_plane.api.anthropic.routes import make_anthropic_routes
+from dynask.control_plane.api.chat_output import ChatOptions
 from dynask.control_plane.api.errors import APIError, from_serving
 from dynask.control_plane.api.internal_errors import CatchInternalErrors
 from dynask.control_plane.api.openai_routes import make_openai_routes
 from dynask.control_plane.api.openapi_document import ApiRoute, Operation, openapi_document
+from dynask.control_plane.api.responses.routes import make_responses_routes
 from dynask.control_plane.api.routing_routes import make_routing_routes
 from dynask.control_plane.serving.errors import ServingError
 from dynask.control_plane.serving.service import ServingService
+from dynask.control_plane.state.response_store import ResponseStore
 
 Lifespan = Callable[[Starlette], AbstractAsyncContextManager[None]]
 
@@ -30,17 +34,23 @@ def build_app(
     extra_routes: list[BaseRoute] | None = None,
     middleware: Sequence[Middleware] = (),
     api_key_required: bool = False,
+    response_store: ResponseStore | None = None,
+    chat_options: ChatOptions | None = None,
     cors_allow_origins: Sequence[str] = (),
 ) -> Starlette:
     """The control plane's HTTP app over ``service``; ``lifespan`` starts the cluster side;
     ``middleware`` wraps every route (the API-key guard is one); ``api_key_required`` is
     what ``/openapi.json`` says of the bearer scheme on ``/v1``; ``cors_allow_origins``
-    (none: CORS off) are the browser origins that may call the API.
+    (none: CORS off) are the browser origins that may call the API; ``response_store``
+    keeps the Responses API's stored responses (None: ``store`` is ignored);
+    ``chat_options``: the tool-call and reasoning parsers.
 
     Outermost first: CORS (a preflight is answered before any key check, and every answer,
     a 500 too, carries its headers), then ``CatchInternalErrors``, then ``middleware``."""
     routes: list[BaseRoute] = [
-        *make_openai_routes(service),
+        *make_openai_routes(service, chat_options),
+        *make_responses_routes(service, response_store, chat_options),
+        *make_anthropic_routes(service, chat_options),
         *make_routing_routes(service),
         *_operational_routes(service, api_key_required),
         *(extra_routes or []),
@@ -138,7 +148,23 @@ async def _serving_error(request: Request, exc: Exception) -> Response:
     return await _api_error(request, from_serving(exc))
 
 
-async def _http_error(_: Request, exc: Exception) -> Response:
+async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    error = APIError(str(exc.detail), status=exc.status_code, code=f"http_{exc.status_code}")
+    message = str(exc.detail)
+    path = request.url.path
+    if exc.status_code == 404 and (path.startswith("/v1/") or path == "/v1"):
+        message = f"{request.method} {path} is not an endpoint of this server; it serves " + (
+            ", ".join(_api_endpoints(request))
+        )
+    error = APIError(message, status=exc.status_code, code=f"http_{exc.status_code}")
     return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
+
+
+def _api_endpoints(request: Request) -> list[str]:
+    """``METHOD /v1/...`` of every API route of the app."""
+    endpoints: dict[str, None] = {}
+    for route in request.app.routes:
+        if isinstance(route, Route) and route.path.startswith("/v1/"):
+            for method in sorted((route.methods or set()) - {"HEAD"}):
+                endpoints[f"{method} {route.path}"] = None
+    return list(endpoints)

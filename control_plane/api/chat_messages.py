@@ -12,6 +12,7 @@ from typing import Any
 
 from dynask.control_plane.api.errors import APIError, invalid
 from dynask.control_plane.api.request_fields import Accepted, Field, Refused, shown
+from dynask.control_plane.api.tools.tool_request import tool_message_fields
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -36,11 +37,10 @@ _MESSAGE_EXTRAS: dict[str, Field] = {
             "an assistant's refusal, echoed back",
             json_schema={"type": ["string", "null"]},
         ),
-        Refused(
+        Accepted(
             "tool_calls",
-            "tool calls of an assistant message",
-            neutral=([],),
-            hint="tools are not served",
+            "tool calls of an assistant message (read by tools.tool_request)",
+            json_schema={"type": "array", "items": {"type": "object"}},
         ),
         Refused("function_call", "deprecated tool call", neutral=(), hint="tools are not served"),
         Refused(
@@ -93,7 +93,8 @@ def _message(item: Any, index: int) -> dict[str, Any]:
             extra.check(value)
         except APIError as exc:
             raise invalid(f"{where}.{key}", f"'{where}.{key}': {exc}") from exc
-    return {"role": "system" if role == "developer" else role, "content": _content(item, where)}
+    message = {"role": "system" if role == "developer" else role, "content": _content(item, where)}
+    return {**message, **tool_message_fields(item, where)}
 
 
 def _content(item: dict[str, Any], where: str) -> str:

@@ -6,6 +6,8 @@ Design decisions:
   thread every ``refresh_s`` seconds, triggered by a request that finds them stale (the
   request does not wait). A revoked key is refused within ``refresh_s`` plus one query.
   Only the first request waits, for the first load.
+- The key is ``Authorization: Bearer KEY`` or ``x-api-key: KEY`` (Anthropic's clients send
+  that one); a 401 on ``/v1/messages`` is Anthropic-shaped.
 - Only ``/v1`` and below are guarded: ``/health``, ``/live``, ``/metrics``,
   ``/openapi.json`` and ``/admin`` (its own login) stay open.
 - The admin chat playground calls ``/v1/chat/completions`` from the browser. Its page
@@ -143,7 +145,7 @@ class RequireApiKey:
             )
             await JSONResponse(error.body(), status_code=503)(scope, receive, send)
             return
-        key = bearer_key(scope["headers"])
+        key = bearer_key(scope["headers"]) or header_key(scope["headers"], b"x-api-key")
         if key is not None and self.guard.allows(key):
             if self.metrics is not None:
                 self.metrics.api_key_requests.labels(key[:PREFIX_LENGTH]).inc()
@@ -153,8 +155,19 @@ class RequireApiKey:
         error = APIError(
             message, status=401, code="invalid_api_key", error_type="invalid_request_error"
         )
+        body = error.body()
+        if path.startswith("/v1/messages"):  # Anthropic's clients read Anthropic's shape
+            body = {"type": "error", "error": {"type": "authentication_error", "message": message}}
         headers = {"www-authenticate": "Bearer"}
-        await JSONResponse(error.body(), status_code=401, headers=headers)(scope, receive, send)
+        await JSONResponse(body, status_code=401, headers=headers)(scope, receive, send)
+
+
+def header_key(headers: list[tuple[bytes, bytes]], header: bytes) -> str | None:
+    """The key sent as the whole value of ``header`` (Anthropic's ``x-api-key``), or None."""
+    for name, value in headers:
+        if name == header:
+            return value.decode("latin-1").strip() or None
+    return None
 
 
 def bearer_key(headers: list[tuple[bytes, bytes]]) -> str | None:

@@ -19,6 +19,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from dynask.actors.api.outputs import FinishReason, RequestOutput, Usage
+from dynask.control_plane.api.chat_output import ChatOptions, ChatPlan
+from dynask.control_plane.api.chat_prompt import render_chat_request
+from dynask.control_plane.api.chat_shapes import delta_dict, message_dict
 from dynask.control_plane.api.errors import APIError, from_serving
 from dynask.control_plane.api.internal_errors import internal_error
 from dynask.control_plane.api.openapi_document import GENERATION_ERRORS, ApiRoute, Operation
@@ -29,6 +32,7 @@ from dynask.control_plane.api.request_schema import (
     parse_completion,
 )
 from dynask.control_plane.api.sse import TokenEventResponse
+from dynask.control_plane.api.tools.tool_request import parse_tool_request
 from dynask.control_plane.serving.admitted_request import AdmittedRequest
 from dynask.control_plane.serving.errors import ServingError
 from dynask.control_plane.serving.request import GenerationRequest, PreparedRequest
@@ -39,12 +43,17 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 4 * 2**20
 
 
-def make_openai_routes(service: ServingService) -> list[ApiRoute]:
+def make_openai_routes(
+    service: ServingService, chat_options: ChatOptions | None = None
+) -> list[ApiRoute]:
+    """The OpenAI routes; ``chat_options``: the tool-call and reasoning parsers."""
+    options = chat_options or ChatOptions()
+
     async def chat(request: Request) -> Response:
-        return await _serve(service, request, parse_chat, _ChatFormat)
+        return await _serve(service, request, parse_chat, _ChatFormat, options)
 
     async def completions(request: Request) -> Response:
-        return await _serve(service, request, parse_completion, _CompletionFormat)
+        return await _serve(service, request, parse_completion, _CompletionFormat, options)
 
     async def models(_: Request) -> Response:
         data = [
@@ -117,14 +126,22 @@ async def _serve(
     request: Request,
     parse: Callable[[Any], GenerationRequest],
     fmt: type[_Format],
+    chat_options: ChatOptions,
 ) -> Response:
     started = time.monotonic()
-    parsed = parse(await read_json(request))
+    body = await read_json(request)
+    parsed = parse(body)
     if service.request_hook is not None:  # an inference graph's custom Processor
         parsed = await service.request_hook(parsed)
+    plan = None
+    if parsed.messages is not None:  # tools and the template: the prompt as token ids
+        tools = parse_tool_request(body)
+        parsed, plan = await asyncio.to_thread(
+            render_chat_request, service, parsed, tools, chat_options
+        )
     # The chat template and the tokenizer take a CPU second per MB of text: not on the loop.
     prepared = await asyncio.to_thread(service.prepare, parsed, fmt.id_prefix)
-    formatter = fmt(prepared, parsed.model)
+    formatter = fmt(prepared, parsed.model, plan)
     admitted = service.admit(prepared)  # before any response: a 503 stays a 503
     metrics = service.metrics
     metrics.input_tokens.labels(parsed.model).inc(len(prepared.prompt_ids))
@@ -132,11 +149,11 @@ async def _serve(
         events = _sse_events(service, admitted, formatter, parsed.include_usage, started)
         return TokenEventResponse(events, ping=600, sep="\n", on_close=admitted.release)
     with admitted:
-        outputs = [o async for batch in _tracked(service, admitted, started) for o in batch]
+        outputs = [o async for batch in tracked_outputs(service, admitted, started) for o in batch]
     return JSONResponse(formatter.whole(outputs))
 
 
-async def _tracked(
+async def tracked_outputs(
     service: ServingService, admitted: AdmittedRequest, started: float
 ) -> AsyncIterator[list[RequestOutput]]:
     """The request's deltas as they arrive (in batches), with metrics recorded on the way.
@@ -197,7 +214,7 @@ async def _sse_events(
     if first is not None:
         yield sse_event(first)
     try:
-        async for outputs in _tracked(service, admitted, started):
+        async for outputs in tracked_outputs(service, admitted, started):
             events = [formatter.chunk_event(output) for output in outputs]
             last = outputs[-1]
             if last.finished and include_usage and last.usage is not None:
@@ -233,7 +250,7 @@ class _Format:
     object_whole = ""
     object_chunk = ""
 
-    def __init__(self, prepared: PreparedRequest, model: str) -> None:
+    def __init__(self, prepared: PreparedRequest, model: str, plan: ChatPlan | None) -> None:
         self.id = prepared.request_id
         self.model = model
         self.created = int(time.time())
@@ -288,6 +305,25 @@ class _ChatFormat(_Format):
     object_whole = "chat.completion"
     object_chunk = "chat.completion.chunk"
 
+    def __init__(self, prepared: PreparedRequest, model: str, plan: ChatPlan | None) -> None:
+        super().__init__(prepared, model, plan)
+        # Reasoning and tool calls: the output goes through parsers (chat_output).
+        self.parser = plan.parser() if plan is not None and plan.parses else None
+
+    def chunk_event(self, output: RequestOutput) -> bytes:
+        if self.parser is None:
+            return super().chunk_event(output)
+        delta = self.parser.feed(output.text)
+        events = [self._parsed_chunk(delta_dict(delta), None)] if delta else []
+        if output.finished:
+            rest = delta_dict(self.parser.finish())
+            events.append(self._parsed_chunk(rest, self.parser.finish_reason(_finish(output))))
+        return b"".join(sse_event(e) for e in events)
+
+    def _parsed_chunk(self, delta: dict[str, Any], reason: str | None) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "finish_reason": reason}
+        return self._envelope(self.object_chunk, [choice])
+
     def opening(self) -> dict[str, Any]:
         choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
         return self._envelope(self.object_chunk, [choice])
@@ -299,10 +335,15 @@ class _ChatFormat(_Format):
 
     def whole(self, outputs: list[RequestOutput]) -> dict[str, Any]:
         text = "".join(o.text for o in outputs)
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        reason = _finish(outputs[-1])
+        if self.parser is not None:
+            message = message_dict(self.parser, [o.text for o in outputs])
+            reason = self.parser.finish_reason(reason)
         choice = {
             "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "finish_reason": _finish(outputs[-1]),
+            "message": message,
+            "finish_reason": reason,
             "logprobs": None,
         }
         return {

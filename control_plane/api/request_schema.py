@@ -89,7 +89,7 @@ def _stream_options(value: Any) -> dict[str, Any]:
 
 # ---- the declarations -----------------------------------------------------------------------
 
-_NO_TOOLS = "tools and function calling are not served; leave it out"
+_NO_TOOLS = "deprecated by OpenAI; send 'tools' and 'tool_choice'"
 
 COMMON_FIELDS: tuple[Field, ...] = (
     Text("model", "the served model's name (GET /v1/models)", required=True),
@@ -195,10 +195,23 @@ CHAT_FIELDS: tuple[Field, ...] = (
     *COMMON_FIELDS,
     Refused("logprobs", "log probabilities of the output tokens", neutral=(False,)),
     Refused("top_logprobs", "most likely tokens at each position", neutral=(0,)),
-    Refused("tools", "tool definitions", neutral=([],), hint=_NO_TOOLS),
-    Refused("tool_choice", "which tool to call", neutral=("none",), hint=_NO_TOOLS),
+    # The tool fields are validated by ``tools.tool_request`` (the routes read them).
+    Custom(
+        "tools",
+        "function tools the model may call",
+        json_schema={"type": "array", "items": {"type": "object"}},
+        reader=lambda value: value,
+    ),
+    Custom(
+        "tool_choice",
+        "none, auto, required, or {type: function, function: {name}}",
+        json_schema={"oneOf": [{"enum": ["none", "auto", "required"]}, {"type": "object"}]},
+        reader=lambda value: value,
+    ),
     Accepted(
-        "parallel_tool_calls", "without tools it changes nothing", json_schema={"type": "boolean"}
+        "parallel_tool_calls",
+        "false: at most one tool call per reply",
+        json_schema={"type": "boolean"},
     ),
     Refused("functions", "deprecated tool definitions", neutral=([],), hint=_NO_TOOLS),
     Refused("function_call", "deprecated tool choice", neutral=("none",), hint=_NO_TOOLS),

@@ -137,6 +137,7 @@ def _server_options(
     args: argparse.Namespace, scheduler: str | None, n_workers: int
 ) -> ServerOptions:
     """The ``ServerOptions`` the flags ask for."""
+    from dynask.control_plane.cli.chat_flags import chat_options
     from dynask.control_plane.cli.planner_flags import planner_config
     from dynask.control_plane.cli.reliability_flags import reliability_options
     from dynask.control_plane.flags import options_from
@@ -152,4 +153,5 @@ def _server_options(
         disagg=disagg_options(args),
         reliability=reliability_options(args),
         planner=planner_config(args),
+        chat=chat_options(args),
     )

@@ -15,6 +15,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from dynask.control_plane.cli.chat_flags import add_chat_args
 from dynask.control_plane.cli.commands import ENGINE_FORMS, IN_MODES, run_command, serve_command
 from dynask.control_plane.cli.disagg_flags import add_disagg_arguments
 from dynask.control_plane.cli.engine_flags import add_engine_flags
@@ -59,6 +60,7 @@ def _add_common(cmd: argparse.ArgumentParser, require_api_key: bool) -> None:
     )
     add_flags(routing, RoutingOptions)
     add_reliability_args(cmd)
+    add_chat_args(cmd)
     add_planner_args(cmd)
 
 

@@ -175,3 +175,16 @@ class GraphRow(Base):
     description: Mapped[dict[str, Any]]  # components and links (Graph.describe)
     config: Mapped[dict[str, Any]]  # each component's merged settings
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ResponseRow(Base):
+    """A response of the Responses API kept for ``previous_response_id`` (``store: true``)."""
+
+    __tablename__ = "responses"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    model: Mapped[str] = mapped_column(String(255))
+    previous_response_id: Mapped[str | None] = mapped_column(String(64))
+    conversation: Mapped[list[dict[str, Any]]]  # chat messages, this response's output last
+    body: Mapped[dict[str, Any]]  # the response object as the API returned it
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -1,5 +1,7 @@
 // dynask admin: the chat playground. Streams a reply from our own OpenAI endpoint with
-// fetch and a ReadableStream, parsing its server-sent events as they arrive.
+// fetch and a ReadableStream, parsing its server-sent events as they arrive. A reply's
+// reasoning (reasoning_content) and tool calls (delta.tool_calls) are shown apart from
+// its text; tools to offer may be pasted as JSON.
 "use strict";
 (() => {
   const endpoint = document.currentScript.dataset.endpoint;
@@ -16,10 +18,16 @@
     const who = document.createElement("div");
     who.className = "who";
     who.textContent = role === "user" ? "You" : $("chat-model").value;
+    const reasoning = document.createElement("details");
+    reasoning.className = "reasoning";
+    reasoning.hidden = true;
+    reasoning.innerHTML = "<summary>Reasoning</summary><div class=\"reasoning-text\"></div>";
     const body = document.createElement("div");
     body.className = "text";
     body.textContent = text;
-    item.append(who, body);
+    const calls = document.createElement("div");
+    calls.className = "tool-calls";
+    item.append(who, reasoning, body, calls);
     log.append(item);
     log.scrollTop = log.scrollHeight;
     return body;
@@ -46,6 +54,24 @@
     }
   }
 
+  // The tools pasted in the controls (a JSON array of function tools), or undefined.
+  function offeredTools() {
+    const text = $("chat-tools").value.trim();
+    if (!text) return undefined;
+    const tools = JSON.parse(text);
+    if (!Array.isArray(tools)) throw new Error("Tools must be a JSON array of function tools");
+    return tools;
+  }
+
+  function showCalls(element, calls) {
+    element.replaceChildren(...calls.map((call) => {
+      const line = document.createElement("div");
+      line.className = "tool-call";
+      line.textContent = `tool call: ${call.function.name}(${call.function.arguments})`;
+      return line;
+    }));
+  }
+
   async function send(text) {
     const model = $("chat-model").value;
     if (!model) { status.textContent = "No model is ready; create a deployment first."; return; }
@@ -56,8 +82,12 @@
     submit.disabled = true;
     status.textContent = "waiting for the first token…";
     const started = performance.now();
-    let firstAt = null, chunks = 0, content = "";
+    let firstAt = null, chunks = 0, content = "", thinking = "";
+    const calls = [];
+    const reasoningBox = reply.parentElement.querySelector(".reasoning");
+    const callsBox = reply.parentElement.querySelector(".tool-calls");
     try {
+      const tools = offeredTools();
       const response = await fetch(endpoint, {
         method: "POST",
         headers: { "content-type": "application/json", authorization: `Bearer ${apiKey}` },
@@ -65,6 +95,7 @@
           model, messages, stream: true,
           max_tokens: Number($("chat-max-tokens").value) || 128,
           temperature: Number($("chat-temperature").value),
+          ...(tools ? { tools } : {}),
         }),
       });
       if (!response.ok) {
@@ -73,16 +104,29 @@
       }
       await readEvents(response, (chunk) => {
         if (chunk.error) throw new Error(chunk.error.message);
-        const delta = chunk.choices?.[0]?.delta?.content;
-        if (!delta) return;
+        const delta = chunk.choices?.[0]?.delta;
+        if (!delta || !(delta.content || delta.reasoning_content || delta.tool_calls)) return;
         firstAt ??= performance.now();
         chunks += 1;
-        content += delta;
+        if (delta.reasoning_content) {
+          thinking += delta.reasoning_content;
+          reasoningBox.hidden = false;
+          reasoningBox.querySelector(".reasoning-text").textContent = thinking;
+        }
+        for (const piece of delta.tool_calls || []) {
+          calls[piece.index] ??= { id: piece.id, type: "function", function: { name: "", arguments: "" } };
+          const call = calls[piece.index].function;
+          call.name = piece.function?.name || call.name;
+          call.arguments += piece.function?.arguments || "";
+        }
+        if (delta.tool_calls) showCalls(callsBox, calls);
+        content += delta.content || "";
         reply.textContent = content;
         log.scrollTop = log.scrollHeight;
         status.textContent = `streaming… ${chunks} chunks`;
       });
-      messages.push({ role: "assistant", content });
+      messages.push(calls.length ? { role: "assistant", content, tool_calls: calls }
+                                 : { role: "assistant", content });
       const ttft = firstAt === null ? "–" : `${Math.round(firstAt - started)} ms`;
       status.textContent = `done: ${chunks} chunks · first token after ${ttft} · ` +
         `${Math.round(performance.now() - started)} ms in all`;

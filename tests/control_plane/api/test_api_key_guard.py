@@ -6,6 +6,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -197,3 +198,25 @@ def test_keys_that_cannot_be_loaded_give_503(tmp_path: Path) -> None:
     assert error["code"] == "api_keys_unavailable"
     assert error["message"].startswith("API keys could not be loaded from the database: ")
     engine.dispose()
+
+
+def test_the_anthropic_client_sends_its_key_as_x_api_key(guarded: Guarded) -> None:
+    import anthropic
+
+    key = guarded.keys.create("app", "test").key
+
+    def client(api_key: str) -> anthropic.Anthropic:
+        return anthropic.Anthropic(
+            base_url="http://testserver", api_key=api_key, http_client=guarded.client, max_retries=0
+        )
+
+    ask: Any = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    with pytest.raises(anthropic.NotFoundError) as passed:  # past the guard: no such model
+        client(key).messages.create(**ask)
+    assert isinstance(passed.value.body, dict) and passed.value.body["type"] == "error"
+    with pytest.raises(anthropic.AuthenticationError) as refused:
+        client("dsk_wrong").messages.create(**ask)
+    assert refused.value.body == {
+        "type": "error",
+        "error": {"type": "authentication_error", "message": INVALID_KEY_MESSAGE},
+    }

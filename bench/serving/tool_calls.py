@@ -1,0 +1,260 @@
+"""Benchmark of tool calling on the bundled model: how often it calls validly, how soon.
+
+What it measures, on a real ``dynask run`` (built-in engine, bundled SmolLM2-135M-Instruct,
+CPU), over a fixed set of tool prompts sent one at a time, greedy, streamed:
+
+* ``auto``: ``tool_choice: auto``. Share of prompts answered with a tool call, share of
+  calls that are valid (a known function, arguments that parse and validate against its
+  JSON schema with jsonschema), and the time to the first tool-call delta.
+* ``required``: ``tool_choice: required``: the same numbers when a call is forced.
+* ``no tools``: the same prompts without tools, the baseline: time to the first delta.
+
+Per-step cost: milliseconds per output token of each mode, and its ratio to the
+baseline's in the same run (a longer prompt with the tool descriptions, plus parsing
+and, where the engine enforces it, the grammar).
+
+Run it from the repository root::
+
+    .venv/bin/python -m bench.serving.tool_calls            # about a minute on 2 cores
+    .venv/bin/python -m bench.serving.tool_calls --model PATH
+
+It prints a table and writes JSON to ``bench/results/tool_calls.json`` (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonschema
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+WEATHER: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city"],
+        },
+    },
+}
+SEARCH: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "search_web",
+        "description": "Search the web for a query",
+        "parameters": {
+            "type": "object",
+            "properties": {"query": {"type": "string"}},
+            "required": ["query"],
+        },
+    },
+}
+CALCULATOR: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "calculate",
+        "description": "Evaluate an arithmetic expression",
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string"}},
+            "required": ["expression"],
+        },
+    },
+}
+TOOLS = [WEATHER, SEARCH, CALCULATOR]
+PROMPTS = [
+    "What is the weather in Paris right now?",
+    "Is it raining in London today? Use the weather tool.",
+    "Search the web for the latest news about the Mars rover.",
+    "What is 1234 * 5678? Use the calculator.",
+    "Tell me the temperature in Tokyo in fahrenheit.",
+    "Find information about the Eiffel Tower on the web.",
+    "Calculate 2 to the power of 10.",
+    "How warm is it in Berlin?",
+]
+
+
+@dataclass
+class Mode:
+    name: str
+    requests: int = 0
+    with_call: int = 0
+    valid_calls: int = 0
+    calls: int = 0
+    first_call_delta_s: list[float] = field(default_factory=list)
+    first_delta_s: list[float] = field(default_factory=list)
+    ms_per_token: list[float] = field(default_factory=list)
+
+    def row(self, baseline_ms: float) -> dict[str, Any]:
+        ms = statistics.median(self.ms_per_token) if self.ms_per_token else float("nan")
+        return {
+            "mode": self.name,
+            "requests": self.requests,
+            "answered_with_a_call": self.with_call,
+            "calls": self.calls,
+            "valid_calls": self.valid_calls,
+            "valid_share": self.valid_calls / self.calls if self.calls else 0.0,
+            "first_call_delta_p50_s": _median(self.first_call_delta_s),
+            "first_delta_p50_s": _median(self.first_delta_s),
+            "ms_per_token_p50": ms,
+            "ms_per_token_vs_no_tools": ms / baseline_ms if baseline_ms else float("nan"),
+        }
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _valid(call: dict[str, Any]) -> bool:
+    tool = next((t for t in TOOLS if t["function"]["name"] == call["name"]), None)
+    if tool is None:
+        return False
+    try:
+        jsonschema.validate(json.loads(call["arguments"]), tool["function"]["parameters"])
+    except (json.JSONDecodeError, jsonschema.ValidationError):
+        return False
+    return True
+
+
+def _one(client: httpx.Client, model: str, prompt: str, mode: Mode, tools: dict[str, Any]) -> None:
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0,
+        "max_tokens": 64,
+        **tools,
+    }
+    started = time.monotonic()
+    first = first_call = None
+    calls: dict[int, dict[str, Any]] = {}
+    tokens = 0
+    with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            for choice in chunk.get("choices", []):
+                delta = choice["delta"]
+                if delta.get("content") or delta.get("tool_calls"):
+                    first = first or time.monotonic()
+                for piece in delta.get("tool_calls") or []:
+                    first_call = first_call or time.monotonic()
+                    call = calls.setdefault(piece["index"], {"name": "", "arguments": ""})
+                    call["name"] = piece["function"].get("name") or call["name"]
+                    call["arguments"] += piece["function"].get("arguments", "")
+    elapsed = time.monotonic() - started
+    mode.requests += 1
+    if first is not None:
+        mode.first_delta_s.append(first - started)
+    if first_call is not None:
+        mode.with_call += 1
+        mode.first_call_delta_s.append(first_call - started)
+    mode.calls += len(calls)
+    mode.valid_calls += sum(_valid(c) for c in calls.values())
+    if tokens:
+        mode.ms_per_token.append(1000 * elapsed / tokens)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default=None, help="default: the bundled SmolLM2")
+    parser.add_argument("--rounds", type=int, default=2, help="passes over the prompts")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "tool_calls.json"))
+    args = parser.parse_args()
+    port = _free_port()
+    folder = Path(tempfile.mkdtemp(prefix="dynask-bench-tools-"))
+    argv = [str(BIN / "dynask"), "run", *([args.model] if args.model else [])]
+    argv += ["--port", str(port), "--database-url", f"sqlite:///{folder / 'state.db'}"]
+    log = (folder / "run.log").open("wb")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        client = httpx.Client(base_url=base, timeout=300)
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                if client.get("/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or proc.poll() is not None:
+                print((folder / "run.log").read_text()[-2000:], file=sys.stderr)
+                return 1
+            time.sleep(0.5)
+        model = client.get("/v1/models").json()["data"][0]["id"]
+        modes = {
+            "no tools": ({}, Mode("no tools")),
+            "auto": ({"tools": TOOLS, "tool_choice": "auto"}, Mode("auto")),
+            "required": ({"tools": TOOLS, "tool_choice": "required"}, Mode("required")),
+        }
+        _one(client, model, PROMPTS[0], Mode("warm-up"), {})  # first request loads caches
+        for _ in range(args.rounds):
+            for prompt in PROMPTS:
+                for tools, mode in modes.values():
+                    _one(client, model, prompt, mode, tools)
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=60)
+    baseline = statistics.median(modes["no tools"][1].ms_per_token)
+    rows = [mode.row(baseline) for _, mode in modes.values()]
+    print(
+        f"{'mode':<10} {'calls':>5} {'valid':>6} {'share':>6} {'1st call s':>10} "
+        f"{'1st delta s':>11} {'ms/tok':>7} {'vs none':>7}"
+    )
+    for r in rows:
+        first_call = r["first_call_delta_p50_s"]
+        print(
+            f"{r['mode']:<10} {r['calls']:>5} {r['valid_calls']:>6} {r['valid_share']:>6.0%} "
+            f"{'-' if first_call is None else f'{first_call:.3f}':>10} "
+            f"{r['first_delta_p50_s'] or 0:>11.3f} {r['ms_per_token_p50']:>7.1f} "
+            f"{r['ms_per_token_vs_no_tools']:>7.2f}"
+        )
+    result = {
+        "when": datetime.now(UTC).isoformat(),
+        "model": model,
+        "prompts": PROMPTS,
+        "rows": rows,
+    }
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

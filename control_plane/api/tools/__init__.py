@@ -1,0 +1,7 @@
+"""Tool calling on the chat API: the request's ``tools`` and ``tool_choice``, rendering tool
+definitions and tool messages through the model's chat template, and the parsers that turn
+the model's tool-call markup (Hermes ``<tool_call>``, Llama JSON, Mistral ``[TOOL_CALLS]``,
+pythonic lists) into OpenAI ``tool_calls``, whole or streamed.
+
+Pure text processing: imports nothing of the project but ``control_plane.api.errors``.
+"""

@@ -24,6 +24,7 @@ from dynask.actors.engine.sampling import sample
 from dynask.actors.engine.scheduler import ScheduledChunk
 from dynask.actors.engine.step_plan import StepPlan, StepRows, block_ids, is_decode, slot_of
 from dynask.kv.block import ceil_div
+from dynask.actors.engine.structured_output import LogitsMask, advance_grammars
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class ModelRunner:
         self.spec = spec
         self.device = device
         self.graphs: DecodeGraphs | None = None
+        self.grammar_mask = LogitsMask(model.config.vocab_size)  # structured outputs
         self.cuda_layout: CudaLayout | None = None
         num_blocks = spec.num_blocks
         if device.type == "cuda":
@@ -93,7 +95,9 @@ class ModelRunner:
         if logits is None:
             return [None] * len(chunks)
         seqs = [chunks[i].seq for i in sampled_rows]
+        self.grammar_mask.mask_logits(logits, seqs)
         tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        advance_grammars(seqs, tokens)
         result: list[int | None] = [None] * len(chunks)
         for i, token in zip(sampled_rows, tokens, strict=True):
             result[i] = token

@@ -134,8 +134,10 @@ def run_once(engine: LLMEngine, mask: TimedMask, batch: int, new_tokens: int, co
 
 def _check_prefix_valid(streams: list[Any]) -> None:
     """The constrained text is JSON in the making: it starts as the schema says."""
+    opening = '{"records": [{"name": "'
     for stream in streams:
-        assert stream.text.startswith('{"records": [{"name": "'), stream.text[:60]
+        text = stream.text
+        assert text.startswith(opening) or opening.startswith(text), text[:60]
 
 
 def best(runs: list[Run]) -> Run:

@@ -96,7 +96,11 @@ class StructuredOutput:
     def choices(self) -> list[str]:
         """The strings of a ``choice`` spec."""
         values = json.loads(self.spec)
-        if not isinstance(values, list) or not values or not all(isinstance(v, str) for v in values):
+        if (
+            not isinstance(values, list)
+            or not values
+            or not all(isinstance(v, str) for v in values)
+        ):
             raise GrammarError("a choice needs a non-empty array of strings")
         return values
 

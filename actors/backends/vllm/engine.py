@@ -40,8 +40,8 @@ from typing import Any
 from dynask.actors.api.outputs import FinishReason, RequestOutput, Usage
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.api.stats import EngineStats
-from dynask.actors.api.structured_output import StructuredOutput
 from dynask.actors.api.streams import RequestStream
+from dynask.actors.api.structured_output import StructuredOutput
 from dynask.actors.backends.backend_kit import (
     OutputFanout,
     OutputListener,

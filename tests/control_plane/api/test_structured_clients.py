@@ -135,7 +135,9 @@ def test_completions_serve_vllm_guided_fields(client: openai.OpenAI) -> None:
 def test_what_cannot_be_served_is_a_400_naming_it(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as yaml:
         client.chat.completions.create(
-            model=MODEL, messages=QUESTION, response_format={"type": "yaml"}  # type: ignore[arg-type,typeddict-item]
+            model=MODEL,
+            messages=QUESTION,
+            response_format={"type": "yaml"},  # type: ignore[arg-type,typeddict-item]
         )
     assert "'yaml'" in yaml.value.message
     bad = {"type": "json_schema", "json_schema": {"name": "b", "schema": {"type": "strin"}}}

@@ -37,11 +37,21 @@ def refusal(**fields: Any) -> APIError:
         ({"response_format": {"type": "text"}}, None),
         ({"response_format": {"type": "json_object"}}, {"kind": "json_object", "spec": ""}),
         (
-            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA, "strict": True}}},  # noqa: E501
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": SCHEMA, "strict": True},
+                }
+            },
             {"kind": "json_schema", "spec": json.dumps(SCHEMA)},
         ),
         (
-            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}},  # noqa: E501
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": SCHEMA},
+                }
+            },
             {"kind": "json_schema", "spec": json.dumps(SCHEMA)},
         ),
         ({"guided_json": SCHEMA}, {"kind": "json_schema", "spec": json.dumps(SCHEMA)}),
@@ -49,7 +59,10 @@ def refusal(**fields: Any) -> APIError:
         ({"guided_regex": "[a-z]+"}, {"kind": "regex", "spec": "[a-z]+"}),
         ({"guided_choice": ["yes", "no"]}, {"kind": "choice", "spec": '["yes", "no"]'}),
         ({"guided_grammar": 'root ::= "a"'}, {"kind": "grammar", "spec": 'root ::= "a"'}),
-        ({"structured_outputs": {"json": SCHEMA}}, {"kind": "json_schema", "spec": json.dumps(SCHEMA)}),  # noqa: E501
+        (
+            {"structured_outputs": {"json": SCHEMA}},
+            {"kind": "json_schema", "spec": json.dumps(SCHEMA)},
+        ),
         ({"structured_outputs": {"regex": "x+"}}, {"kind": "regex", "spec": "x+"}),
         ({"structured_outputs": {"choice": ["é"]}}, {"kind": "choice", "spec": '["é"]'}),
         ({"structured_outputs": {"json_object": True}}, {"kind": "json_object", "spec": ""}),
@@ -59,7 +72,9 @@ def refusal(**fields: Any) -> APIError:
         ),
     ],
 )
-def test_each_form_becomes_one_spec(fields: dict[str, Any], expected: dict[str, Any] | None) -> None:
+def test_each_form_becomes_one_spec(
+    fields: dict[str, Any], expected: dict[str, Any] | None
+) -> None:
     assert structured(**fields) == expected
 
 
@@ -71,7 +86,10 @@ def test_the_schema_keeps_its_property_order() -> None:
 
 def test_completions_take_the_same_fields() -> None:
     body = {"model": "m", "prompt": "x", "guided_regex": "[0-9]"}
-    assert parse_completion(body).sampling["structured_output"] == {"kind": "regex", "spec": "[0-9]"}
+    assert parse_completion(body).sampling["structured_output"] == {
+        "kind": "regex",
+        "spec": "[0-9]",
+    }
 
 
 @pytest.mark.parametrize(
@@ -86,7 +104,12 @@ def test_completions_take_the_same_fields() -> None:
             "a JSON schema (an object)",
         ),
         (
-            {"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "strin"}}}},  # noqa: E501
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"schema": {"type": "strin"}},
+                }
+            },
             "response_format",
             'JSON schema cannot be compiled: Unsupported type "strin"',
         ),

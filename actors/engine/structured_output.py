@@ -28,15 +28,12 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence as Rows
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from dynask.actors.api.structured_output import StructuredOutput, build_grammar
-
-if TYPE_CHECKING:
-    from dynask.actors.engine.sequence import Sequence
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +52,13 @@ class GrammarState:
         accepted = bool(self.matcher.accept_token(token))
         self.terminated = bool(self.matcher.is_terminated())
         return accepted
+
+
+class GrammarRow(Protocol):
+    """A row of a step as the mask sees it (an engine ``Sequence``)."""
+
+    request_id: str
+    grammar: GrammarState | None
 
 
 class StructuredOutputs:
@@ -129,7 +133,7 @@ class LogitsMask:
         self.vocab_size = vocab_size
         self._bitmask: torch.Tensor | None = None
 
-    def mask_logits(self, logits: torch.Tensor, seqs: Rows[Sequence]) -> None:
+    def mask_logits(self, logits: torch.Tensor, seqs: Rows[GrammarRow]) -> None:
         """Sets to ``-inf`` the logits of tokens that the grammar of each row's request
         does not allow next (rows of requests without a grammar are left untouched)."""
         rows = [row for row, seq in enumerate(seqs) if seq.grammar is not None]
@@ -157,7 +161,7 @@ class LogitsMask:
         return self._bitmask
 
 
-def advance_grammars(seqs: Rows[Sequence], tokens: list[int]) -> None:
+def advance_grammars(seqs: Rows[GrammarRow], tokens: list[int]) -> None:
     """Each request with a grammar accepts the token drawn for it."""
     for seq, token in zip(seqs, tokens, strict=True):
         state = seq.grammar

@@ -320,11 +320,10 @@ def _vllm_structured_outputs(output: StructuredOutput | None) -> Any:
         return None
     from vllm.sampling_params import StructuredOutputsParams
 
-    compact = {"disable_any_whitespace": True}
     if output.kind == "json_schema":
-        return StructuredOutputsParams(json=output.spec, **compact)
+        return StructuredOutputsParams(json=output.spec, disable_any_whitespace=True)
     if output.kind == "json_object":
-        return StructuredOutputsParams(json_object=True, **compact)
+        return StructuredOutputsParams(json_object=True, disable_any_whitespace=True)
     if output.kind == "choice":
         return StructuredOutputsParams(choice=output.choices())
     if output.kind == "regex":

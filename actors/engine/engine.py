@@ -26,12 +26,12 @@ from dynask.actors.engine.config import EngineConfig
 from dynask.actors.engine.cuda.decode_burst import burst_steps
 from dynask.actors.engine.detokenizer import IncrementalDetokenizer
 from dynask.actors.engine.engine_parts import EngineParts, build_engine_parts
+from dynask.actors.engine.grammar.structured_output import GrammarState, StructuredOutputs
 from dynask.actors.engine.kv_manager import KVCacheManager, PrefixHit
 from dynask.actors.engine.kv_tiers import offload_stats
 from dynask.actors.engine.sampling import make_generator
 from dynask.actors.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from dynask.actors.engine.sequence import AbortRequest, Sequence, SequenceStatus, check_prompt
-from dynask.actors.engine.structured_output import GrammarState, StructuredOutputs
 from dynask.kv.hashing import hash_seed
 from dynask.kv.prefix_index import KVCacheDump
 

@@ -19,12 +19,12 @@ import torch
 
 from dynask.actors.engine.cuda.step import CudaLayout, DecodeGraphs, build_cuda_inputs
 from dynask.actors.engine.cuda.triton_attention import compile_paged_prefill
+from dynask.actors.engine.grammar.structured_output import LogitsMask, advance_grammars
 from dynask.actors.engine.model import CausalLM
 from dynask.actors.engine.sampling import sample
 from dynask.actors.engine.scheduler import ScheduledChunk
 from dynask.actors.engine.step_plan import StepPlan, StepRows, block_ids, is_decode, slot_of
 from dynask.kv.block import ceil_div
-from dynask.actors.engine.structured_output import LogitsMask, advance_grammars
 
 
 @dataclass(frozen=True)

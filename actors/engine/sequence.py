@@ -10,7 +10,7 @@ import torch
 from dynask.actors.api.outputs import FinishReason, Usage
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.engine.detokenizer import IncrementalDetokenizer
-from dynask.actors.engine.structured_output import GrammarState
+from dynask.actors.engine.grammar.structured_output import GrammarState
 from dynask.kv.block_pool import Block
 from dynask.kv.hashing import SequenceHash
 

@@ -42,8 +42,8 @@ from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.api.structured_output import StructuredOutput, build_grammar
 from dynask.actors.engine.config import EngineConfig
 from dynask.actors.engine.engine import LLMEngine
+from dynask.actors.engine.grammar.structured_output import LogitsMask, StructuredOutputs
 from dynask.actors.engine.model_runner import ModelRunner
-from dynask.actors.engine.structured_output import LogitsMask, StructuredOutputs
 
 RECORD = {
     "type": "object",

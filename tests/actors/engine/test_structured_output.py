@@ -20,7 +20,7 @@ import xgrammar as xgr
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.api.structured_output import StructuredOutput
 from dynask.actors.engine.engine import LLMEngine
-from dynask.actors.engine.structured_output import LogitsMask, _mask_on_cpu
+from dynask.actors.engine.grammar.structured_output import LogitsMask, _mask_on_cpu
 from tests.actors.engine.helpers import make_engine, prompts_of_lengths
 
 SCHEMAS: dict[str, dict[str, Any]] = {

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dynask.actors.api.structured_output import StructuredOutput
+
 
 class SamplingParamError(ValueError):
     """One sampling parameter is out of range; ``field`` names it."""
@@ -34,6 +36,7 @@ class SamplingParams:
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     extra_keys: tuple[str, ...] = field(default=())  # LoRA name / cache salt: separate KV
+    structured_output: StructuredOutput | None = None  # a grammar the output must match
 
     def __post_init__(self) -> None:
         # Callers across a wire hand over lists (msgpack, JSON) or one bare stop string.
@@ -41,6 +44,10 @@ class SamplingParams:
         object.__setattr__(self, "stop", stop)
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         object.__setattr__(self, "extra_keys", tuple(self.extra_keys))
+        # Across a wire the grammar arrives as its dict (``StructuredOutput.to_wire``).
+        object.__setattr__(
+            self, "structured_output", StructuredOutput.from_wire(self.structured_output)
+        )
         _require(self.max_tokens >= 1, "max_tokens", self.max_tokens, "an integer >= 1")
         _require(self.temperature >= 0.0, "temperature", self.temperature, "a number >= 0")
         _require(0.0 < self.top_p <= 1.0, "top_p", self.top_p, "a number in (0, 1]")

@@ -117,3 +117,13 @@ class RequestProgress:
     def _end(self, reason: FinishReason, stop_reason: str | int | None) -> None:
         self.finish_reason = reason
         self.stop_reason = stop_reason
+
+
+def refuse_structured_output(params: SamplingParams, engine: str) -> None:
+    """``ValueError`` for a grammar-constrained request to an engine that cannot honour it
+    (the control plane refuses these with a 400 before they get here)."""
+    if params.structured_output is not None:
+        raise ValueError(
+            f"out={engine} cannot constrain its output to a grammar; structured outputs "
+            "need out=torch or out=vllm"
+        )

@@ -30,6 +30,7 @@ from dynask.actors.backends.backend_kit import (
     OutputListener,
     RequestProgress,
     check_prompt,
+    refuse_structured_output,
 )
 from dynask.actors.engine.sequence import AbortRequest
 from dynask.kv.events import KVEventLog
@@ -65,6 +66,7 @@ class EchoEngine:
         self, prompt: list[int], params: SamplingParams, request_id: str | None = None
     ) -> RequestStream:
         """Queues a request; its deltas arrive on the returned stream and at the listeners."""
+        refuse_structured_output(params, "echo")
         ids = check_prompt(prompt, self.max_model_len, len(self.tokenizer))
         request_id = request_id or uuid.uuid4().hex
         progress = RequestProgress.start(

@@ -42,6 +42,7 @@ from dynask.actors.backends.backend_kit import (
     OutputListener,
     RequestProgress,
     check_prompt,
+    refuse_structured_output,
 )
 from dynask.kv.events import KVEventLog
 
@@ -118,6 +119,7 @@ class PythonEngine:
         """Starts ``generate`` for the prompt; deltas arrive on the stream and listeners."""
         if self._loop.is_closed():
             raise RuntimeError("the python engine was shut down; it takes no more requests")
+        refuse_structured_output(params, "python")
         ids = check_prompt(prompt, self.max_model_len, len(self.tokenizer))
         request_id = request_id or uuid.uuid4().hex
         progress = RequestProgress.start(

@@ -26,6 +26,7 @@ from dynask.actors.engine.config import EngineConfig
 from dynask.actors.engine.cuda.decode_burst import burst_steps
 from dynask.actors.engine.detokenizer import IncrementalDetokenizer
 from dynask.actors.engine.engine_parts import EngineParts, build_engine_parts
+from dynask.actors.engine.grammar.structured_output import GrammarState, StructuredOutputs
 from dynask.actors.engine.kv_manager import KVCacheManager, PrefixHit
 from dynask.actors.engine.kv_tiers import offload_stats
 from dynask.actors.engine.sampling import make_generator
@@ -59,6 +60,9 @@ class LLMEngine:
         )
         self.kv_events = self.parts.event_log
         self.decode_burst = config.decode_burst
+        self.structured_outputs = StructuredOutputs(
+            self.tokenizer, self.parts.model_config.vocab_size, self.parts.eos_token_ids
+        )
         self._inbox: queue.SimpleQueue[Sequence | AbortRequest] = queue.SimpleQueue()
         self._fanout = OutputFanout()
         self._sequences: dict[str, Sequence] = {}
@@ -94,11 +98,23 @@ class LLMEngine:
             ),
             generator=make_generator(params.seed, self._rng),
             hash_seed=hash_seed(params.extra_keys),
+            grammar=self._grammar(params, token_ids),
         )
         stream = self._fanout.open_stream(request_id, len(token_ids))
         self._inbox.put(seq)
         self._wakeup.set()
         return stream
+
+    def _grammar(self, params: SamplingParams, token_ids: list[int]) -> GrammarState | None:
+        """The request's grammar matcher (compiled here, on the caller's thread)."""
+        if params.structured_output is None:
+            return None
+        if not hasattr(self.parts.runner, "grammar_mask"):  # the mocker's simulated runner
+            raise ValueError(
+                f"this engine ({self.parts.model_origin}) simulates its model and cannot "
+                "constrain it to a grammar; structured outputs need out=torch or out=vllm"
+            )
+        return self.structured_outputs.start(params.structured_output, token_ids)
 
     def abort(self, request_id: str) -> None:
         """Cancels a request; its blocks are freed at the start of the next step."""

@@ -19,6 +19,7 @@ import torch
 
 from dynask.actors.engine.cuda.step import CudaLayout, DecodeGraphs, build_cuda_inputs
 from dynask.actors.engine.cuda.triton_attention import compile_paged_prefill
+from dynask.actors.engine.grammar.structured_output import LogitsMask, advance_grammars
 from dynask.actors.engine.model import CausalLM
 from dynask.actors.engine.sampling import sample
 from dynask.actors.engine.scheduler import ScheduledChunk
@@ -44,6 +45,7 @@ class ModelRunner:
         self.spec = spec
         self.device = device
         self.graphs: DecodeGraphs | None = None
+        self.grammar_mask = LogitsMask(model.config.vocab_size)  # structured outputs
         self.cuda_layout: CudaLayout | None = None
         num_blocks = spec.num_blocks
         if device.type == "cuda":
@@ -93,7 +95,9 @@ class ModelRunner:
         if logits is None:
             return [None] * len(chunks)
         seqs = [chunks[i].seq for i in sampled_rows]
+        self.grammar_mask.mask_logits(logits, seqs)
         tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        advance_grammars(seqs, tokens)
         result: list[int | None] = [None] * len(chunks)
         for i, token in zip(sampled_rows, tokens, strict=True):
             result[i] = token

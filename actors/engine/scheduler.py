@@ -205,6 +205,8 @@ class Scheduler:
         if seq.detokenizer.stopped_by is not None:
             seq.stop_reason = seq.detokenizer.stopped_by
             return FinishReason.STOP
+        if seq.grammar is not None and seq.grammar.terminated:  # its grammar is complete
+            return FinishReason.STOP
         if len(seq.output_token_ids) >= params.max_tokens:
             return FinishReason.LENGTH
         if seq.num_tokens >= self.config.max_model_len:

@@ -10,6 +10,7 @@ import torch
 from dynask.actors.api.outputs import FinishReason, Usage
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.engine.detokenizer import IncrementalDetokenizer
+from dynask.actors.engine.grammar.structured_output import GrammarState
 from dynask.kv.block_pool import Block
 from dynask.kv.hashing import SequenceHash
 
@@ -46,6 +47,7 @@ class Sequence:
     num_preemptions: int = 0
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
+    grammar: GrammarState | None = None  # structured outputs: where the output is in it
 
     @property
     def num_tokens(self) -> int:

@@ -33,6 +33,7 @@ from dynask.control_plane.api.request_fields import (
     read_body,
     shown,
 )
+from dynask.control_plane.api.structured_output_fields import parse_structured_output
 from dynask.control_plane.routing.kv_router import ROUTING_MODES
 from dynask.control_plane.serving.request import GenerationRequest
 
@@ -91,7 +92,33 @@ def _stream_options(value: Any) -> dict[str, Any]:
 
 _NO_TOOLS = "deprecated by OpenAI; send 'tools' and 'tool_choice'"
 
+
+def _as_sent(value: Any) -> Any:
+    """Structured-output fields are read together (``parse_structured_output``)."""
+    return value
+
+
+# Structured outputs: OpenAI's response_format, vLLM's guided_* and structured_outputs.
+STRUCTURED_OUTPUT_FIELDS: tuple[Field, ...] = tuple(
+    Custom(name, description, json_schema=schema, reader=_as_sent)
+    for name, description, schema in (
+        ("response_format", "text, json_object or json_schema", {"type": "object"}),
+        ("guided_json", "vLLM: a JSON schema the output follows", {"type": ["object", "string"]}),
+        ("guided_regex", "vLLM: a regex the output matches", {"type": "string"}),
+        ("guided_choice", "vLLM: the output is one of these", {"type": "array"}),
+        ("guided_grammar", "vLLM: an EBNF or Lark grammar", {"type": "string"}),
+        (
+            "structured_outputs",
+            "vLLM: json, regex, choice, grammar or json_object",
+            {"type": "object"},
+        ),
+        ("guided_whitespace_pattern", "vLLM: refused (JSON is compact)", {"type": "string"}),
+        ("guided_decoding_backend", "vLLM: refused (xgrammar is used)", {"type": "string"}),
+    )
+)
+
 COMMON_FIELDS: tuple[Field, ...] = (
+    *STRUCTURED_OUTPUT_FIELDS,
     Text("model", "the served model's name (GET /v1/models)", required=True),
     Integer("max_tokens", "the most tokens to generate (default: the rest of the context)", low=1),
     Integer("max_completion_tokens", "same as max_tokens (it wins when both are given)", low=1),
@@ -215,7 +242,6 @@ CHAT_FIELDS: tuple[Field, ...] = (
     ),
     Refused("functions", "deprecated tool definitions", neutral=([],), hint=_NO_TOOLS),
     Refused("function_call", "deprecated tool choice", neutral=("none",), hint=_NO_TOOLS),
-    Refused("response_format", "structured outputs", neutral=({"type": "text"},)),
     Refused("modalities", "output modalities", neutral=(["text"],), hint="only text is served"),
     Refused("audio", "audio output", neutral=(), hint="only text is served"),
     Refused("prediction", "predicted outputs", neutral=()),
@@ -296,4 +322,7 @@ def _sampling(values: dict[str, Any]) -> dict[str, Any]:
         sampling["top_k"] = max(0, values["top_k"])
     sampling["stop"] = values["stop"]
     sampling["ignore_eos"] = values["ignore_eos"]
+    structured_output = parse_structured_output(values)  # response_format, guided_* …
+    if structured_output is not None:
+        sampling["structured_output"] = structured_output
     return sampling

@@ -43,6 +43,7 @@ import time
 from collections.abc import AsyncIterator
 
 from dynask.actors.api.outputs import FinishReason, RequestOutput, Usage
+from dynask.actors.api.sampling_params import SamplingParams
 from dynask.control_plane.reliability.options import ReliabilityOptions
 from dynask.control_plane.serving.actor_handle import ActorUnavailableError
 from dynask.control_plane.serving.admitted_request import AdmittedRequest
@@ -181,11 +182,13 @@ class RequestMigration:
         moves: int,
         lost: str,
     ) -> Placement:
+        # A grammar replays the tokens the client has (they end the resumed prompt).
+        params = _grammar_resumed(original.params, progress.shown)
         resumed = dataclasses.replace(
             original,
             request_id=f"{original.request_id}-m{moves}",
             prompt_ids=progress.resume_prompt() if progress.shown else original.prompt_ids,
-            params=dataclasses.replace(original.params, max_tokens=progress.remaining),
+            params=dataclasses.replace(params, max_tokens=progress.remaining),
         )
         deadline = time.monotonic() + self.options.migration_wait_s
         tries = 0
@@ -235,3 +238,12 @@ def _length_finish(request_id: str, progress: StreamProgress) -> RequestOutput:
     """The final delta of a request whose every token had reached the client."""
     usage = Usage(len(progress.prompt_ids), progress.shown, 0)
     return RequestOutput(request_id, "", (), FinishReason.LENGTH, usage=usage)
+
+
+def _grammar_resumed(params: SamplingParams, generated_tokens: int) -> SamplingParams:
+    """The params of a continuation whose prompt ends with ``generated_tokens`` tokens the
+    request generated before: its grammar (if any) replays them."""
+    grammar = params.structured_output
+    if grammar is None or generated_tokens == 0:
+        return params
+    return dataclasses.replace(params, structured_output=grammar.resumed_after(generated_tokens))

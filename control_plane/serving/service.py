@@ -36,6 +36,7 @@ from dynask.control_plane.serving.errors import (
 from dynask.control_plane.serving.metrics import ServingMetrics
 from dynask.control_plane.serving.placer import Placer
 from dynask.control_plane.serving.request import GenerationRequest, PreparedRequest, ServedModel
+from dynask.control_plane.serving.structured_output_support import refuse_unless_served
 
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # OpenAI's code for a context overflow
 # A prompt is refused before tokenizing when its text, at this many bytes per token (about
@@ -103,6 +104,8 @@ class ServingService:
         in a worker thread (``asyncio.to_thread``), never on the event loop. A prompt
         whose text is obviously longer than the context is refused before tokenizing."""
         model = self.model(request.model)
+        if "structured_output" in request.sampling:
+            refuse_unless_served([a.info.engine for a in model.serving_actors])
         limit = model.max_model_len
         prompt_param = "messages" if request.messages is not None else "prompt"
         text_bytes = request.text_bytes()

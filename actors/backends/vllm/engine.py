@@ -41,6 +41,7 @@ from dynask.actors.api.outputs import FinishReason, RequestOutput, Usage
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.api.stats import EngineStats
 from dynask.actors.api.streams import RequestStream
+from dynask.actors.api.structured_output import StructuredOutput
 from dynask.actors.backends.backend_kit import (
     OutputFanout,
     OutputListener,
@@ -133,6 +134,11 @@ class VLLMEngine:
             raise ValueError(
                 "out=vllm does not take extra_keys (LoRA adapters, cache salts) yet; "
                 "drop them or serve this model with out=torch"
+            )
+        if params.structured_output is not None and params.structured_output.resumed_tokens:
+            raise ValueError(
+                "out=vllm cannot resume a grammar-constrained request after tokens it had "
+                "generated elsewhere (vLLM's matcher starts at the prompt's end); retry it"
             )
         ids = check_prompt(prompt, self.max_model_len, len(self.tokenizer))
         request_id = request_id or uuid.uuid4().hex
@@ -304,7 +310,25 @@ def _vllm_sampling(progress: RequestProgress) -> Any:
         ignore_eos=params.ignore_eos,
         detokenize=False,
         output_kind=RequestOutputKind.DELTA,
+        structured_outputs=_vllm_structured_outputs(params.structured_output),
     )
+
+
+def _vllm_structured_outputs(output: StructuredOutput | None) -> Any:
+    """The grammar as vLLM's own structured outputs take it (compact JSON, as ours)."""
+    if output is None:
+        return None
+    from vllm.sampling_params import StructuredOutputsParams
+
+    if output.kind == "json_schema":
+        return StructuredOutputsParams(json=output.spec, disable_any_whitespace=True)
+    if output.kind == "json_object":
+        return StructuredOutputsParams(json_object=True, disable_any_whitespace=True)
+    if output.kind == "choice":
+        return StructuredOutputsParams(choice=output.choices())
+    if output.kind == "regex":
+        return StructuredOutputsParams(regex=output.spec)
+    return StructuredOutputsParams(grammar=output.spec)
 
 
 @contextlib.contextmanager

@@ -41,7 +41,7 @@ def burst_steps(out: SchedulerOutput, kv: KVCacheManager, limit: int, max_model_
         seq = chunk.seq
         if chunk.num_new_tokens != 1 or seq.num_computed_tokens == 0 or not chunk.samples:
             return 1
-        if not seq.params.greedy:
+        if not seq.params.greedy or seq.grammar is not None:  # a grammar masks every step
             return 1
         remaining = min(
             seq.params.max_tokens - len(seq.output_token_ids), max_model_len - seq.num_tokens

@@ -118,7 +118,7 @@ def test_an_unknown_model_is_a_404_that_quotes_it_safely(server: str) -> None:
     ("extra", "param", "code"),
     [
         ({"repetition_penalty": 1.1}, "repetition_penalty", "unknown_parameter"),
-        ({"guided_json": {"type": "object"}}, "guided_json", "unknown_parameter"),
+        ({"guided_json": {"type": "strin"}}, "guided_json", "invalid_value"),  # a bad schema
         ({"min_tokens": 3}, "min_tokens", "unknown_parameter"),
         ({"response_format": {"type": "yaml"}}, "response_format", "invalid_value"),
         ({"logit_bias": {"11": 5}}, "logit_bias", "invalid_value"),

@@ -212,3 +212,51 @@ async def _until_indexed(
         assert time.monotonic() < deadline, f"no KV events of {actor} reached the router"
         await asyncio.sleep(0.05)
     return {name: n for name, n in routing.find_matches(hashes).items() if n}
+
+
+STRUCTURED_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 30},
+        "rank": {"type": "integer", "minimum": 1, "maximum": 5},
+        "tags": {"type": "array", "items": {"enum": ["big", "old"]}, "maxItems": 2},
+        "code": {"type": "string", "pattern": "^[A-Z]{2}$"},
+    },
+    "required": ["city", "rank", "tags", "code"],
+}
+
+
+def test_structured_outputs_go_to_vllms_own(stack: Stack, loop: LoopThread) -> None:
+    """The same spec as the built-in engine's: vLLM's structured outputs enforce it."""
+    import json
+    import re
+
+    import jsonschema
+
+    response_format = {
+        "type": "json_schema",
+        "json_schema": {"name": "city", "schema": STRUCTURED_SCHEMA, "strict": True},
+    }
+    question = [{"role": "user", "content": "Describe Paris in JSON."}]
+
+    async def three() -> tuple[Any, Any, Any]:
+        chat = await stack.openai.chat.completions.create(
+            model=MODEL, messages=question, max_tokens=80, temperature=0,
+            response_format=response_format,
+        )  # fmt: skip
+        regex = await stack.openai.completions.create(
+            model=MODEL, prompt=PROMPT_TEXT, max_tokens=10, temperature=0,
+            extra_body={"guided_regex": r" [A-Z][a-z]+\."},
+        )  # fmt: skip
+        choice = await stack.openai.completions.create(
+            model=MODEL, prompt=PROMPT_TEXT, max_tokens=5,
+            extra_body={"structured_outputs": {"choice": [" Berlin", " Bonn"]}},
+        )  # fmt: skip
+        return chat, regex, choice
+
+    chat, regex, choice = loop.run(three())
+
+    jsonschema.validate(json.loads(chat.choices[0].message.content), STRUCTURED_SCHEMA)
+    assert chat.choices[0].finish_reason == "stop"
+    assert re.fullmatch(r" [A-Z][a-z]+\.", regex.choices[0].text)
+    assert choice.choices[0].text in (" Berlin", " Bonn")

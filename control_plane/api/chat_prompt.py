@@ -25,6 +25,7 @@ def render_chat_request(
 ) -> tuple[GenerationRequest, ChatPlan]:
     """``request`` with its messages rendered into token ids, and its output plan."""
     assert request.messages is not None
+    service.refuse_obviously_too_long(request)
     model = service.model(request.model)
     engines = {a.info.engine for a in model.actors}
     text, plan = plan_chat(
@@ -37,6 +38,10 @@ def render_chat_request(
     )
     ids = [int(t) for t in model.tokenizer.encode(text, add_special_tokens=False)]
     rendered = dataclasses.replace(
-        request, messages=None, prompt=ids, sampling={**request.sampling, **plan.sampling}
+        request,
+        messages=None,
+        prompt=ids,
+        sampling={**request.sampling, **plan.sampling},
+        prompt_field="messages",
     )
     return rendered, plan

@@ -30,11 +30,19 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     router_mode: str | None = None  # None: the server's default
+    prompt_field: str | None = None  # the field errors about the prompt name (chat: messages)
+
+    @property
+    def prompt_param(self) -> str:
+        """The request field the prompt came from, named by errors about its length."""
+        if self.prompt_field is not None:
+            return self.prompt_field
+        return "messages" if self.messages is not None else "prompt"
 
     def text_bytes(self) -> int:
         """UTF-8 bytes of the prompt's text (0 for token ids): a cheap bound on its tokens."""
         if self.messages is not None:
-            return sum(len(m["content"].encode()) for m in self.messages)
+            return sum(_content_bytes(m.get("content")) for m in self.messages)
         return len(self.prompt.encode()) if isinstance(self.prompt, str) else 0
 
 
@@ -70,3 +78,12 @@ class PreparedRequest:
     prompt_ids: list[int]
     params: SamplingParams  # built and validated once, by ``ServingService.prepare``
     router_mode: str | None = None  # the request's own choice; None: the server's
+
+
+def _content_bytes(content: Any) -> int:
+    """UTF-8 bytes of a message's text: a string, a list of parts, or none (tool calls)."""
+    if isinstance(content, str):
+        return len(content.encode())
+    if isinstance(content, list):
+        return sum(_content_bytes(part.get("text")) for part in content if isinstance(part, dict))
+    return 0

@@ -99,6 +99,20 @@ class ServingService:
 
     # ---- requests -----------------------------------------------------------------
 
+    def refuse_obviously_too_long(self, request: GenerationRequest) -> None:
+        """A prompt whose text alone is far longer than the context is refused before it is
+        templated or tokenized (tokenizing megabytes takes seconds)."""
+        limit = self.model(request.model).max_model_len
+        text_bytes = request.text_bytes()
+        if text_bytes / BYTES_PER_TOKEN > limit * OBVIOUSLY_TOO_LONG:
+            raise InvalidRequestError(
+                request.prompt_param,
+                f"this model's context is {limit} tokens, but the prompt has {text_bytes} "
+                f"bytes of text (about {text_bytes // BYTES_PER_TOKEN} tokens); shorten the "
+                "prompt",
+                code=CONTEXT_LENGTH_EXCEEDED,
+            )
+
     def prepare(self, request: GenerationRequest, prefix: str) -> PreparedRequest:
         """Applies the chat template and tokenizes: CPU-bound, so the HTTP layer calls it
         in a worker thread (``asyncio.to_thread``), never on the event loop. A prompt
@@ -107,16 +121,8 @@ class ServingService:
         if "structured_output" in request.sampling:
             refuse_unless_served([a.info.engine for a in model.serving_actors])
         limit = model.max_model_len
-        prompt_param = "messages" if request.messages is not None else "prompt"
-        text_bytes = request.text_bytes()
-        if text_bytes / BYTES_PER_TOKEN > limit * OBVIOUSLY_TOO_LONG:
-            raise InvalidRequestError(
-                prompt_param,
-                f"this model's context is {limit} tokens, but the prompt has {text_bytes} "
-                f"bytes of text (about {text_bytes // BYTES_PER_TOKEN} tokens); shorten the "
-                "prompt",
-                code=CONTEXT_LENGTH_EXCEEDED,
-            )
+        prompt_param = request.prompt_param
+        self.refuse_obviously_too_long(request)
         prompt_ids = self._prompt_ids(model, request)
         if len(prompt_ids) >= limit:
             raise InvalidRequestError(

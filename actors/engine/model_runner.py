@@ -93,7 +93,7 @@ class ModelRunner:
         if logits is None:
             return [None] * len(chunks)
         seqs = [chunks[i].seq for i in sampled_rows]
-        tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        tokens = sample(logits, [s.params for s in seqs], [s.next_draw() for s in seqs])
         result: list[int | None] = [None] * len(chunks)
         for i, token in zip(sampled_rows, tokens, strict=True):
             result[i] = token

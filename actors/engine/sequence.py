@@ -10,6 +10,7 @@ import torch
 from dynask.actors.api.outputs import FinishReason, Usage
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.engine.detokenizer import IncrementalDetokenizer
+from dynask.actors.engine.sampling import draw_generator
 from dynask.kv.block_pool import Block
 from dynask.kv.hashing import SequenceHash
 
@@ -35,7 +36,7 @@ class Sequence:
     prompt_token_ids: list[int]
     params: SamplingParams
     detokenizer: IncrementalDetokenizer
-    generator: torch.Generator
+    seed: int  # of the request's draws: its own, or one the engine chose
     hash_seed: int
     output_token_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
@@ -46,6 +47,7 @@ class Sequence:
     num_preemptions: int = 0
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
+    generator: torch.Generator = field(default_factory=torch.Generator)  # re-seeded per draw
 
     @property
     def num_tokens(self) -> int:
@@ -55,6 +57,11 @@ class Sequence:
     def num_pending_tokens(self) -> int:
         """Tokens still to run through the model before the next sample."""
         return self.num_tokens - self.num_computed_tokens
+
+    def next_draw(self) -> torch.Generator:
+        """The generator for this request's next token: a function of its seed and the
+        token's position, so a resumed request draws as the original would have."""
+        return draw_generator(self.generator, self.seed, self.num_tokens)
 
     def token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids

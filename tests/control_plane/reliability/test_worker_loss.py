@@ -2,16 +2,19 @@
 
 One ``dask scheduler``, three ``dask worker`` processes (no nanny, so the test kills
 exactly the process it means), ``dynask serve`` with three replicas of the tiny random
-Llama, greedy requests through the official ``openai`` client. The tests run in order
+Llama, requests through the official ``openai`` client. The tests run in order
 on one cluster; each leaves three engines serving:
 
 1. ``kill -9`` of the worker busiest with 50 streams: all 50 finish with exactly
    ``max_tokens`` tokens and the same text as an undisturbed run; a new worker gets a
    recreated actor.
-2. ``SIGSTOP`` of a busy worker: the heartbeats notice (Dask would not for 5 minutes),
+2. The same with 30 streams at temperature 1.0 (the OpenAI default), half of them
+   seeded: all 30 finish with ``max_tokens`` tokens, the seeded ones with the text of an
+   undisturbed run, the unseeded ones continuing the text they had shown.
+3. ``SIGSTOP`` of a busy worker: the heartbeats notice (Dask would not for 5 minutes),
    its streams move and finish; after ``SIGCONT`` its orphaned actor is stopped and a
    new one is placed there.
-3. ``kill -9`` of the control plane: the restarted one (no deploy file) adopts the
+4. ``kill -9`` of the control plane: the restarted one (no deploy file) adopts the
    running actors instead of reloading them, and serves.
 """
 
@@ -37,6 +40,7 @@ pytestmark = pytest.mark.slow
 MODEL = "tiny"
 MAX_TOKENS = 96
 STREAMS = 50
+SAMPLED_STREAMS = 30
 HEARTBEAT = ["--heartbeat-interval", "0.25", "--heartbeat-timeout", "3"]
 
 
@@ -110,28 +114,40 @@ def served(tiny_llama_folder: Path, tmp_path_factory: pytest.TempPathFactory) ->
 PROMPTS = [tokens(seed=1000 + i, blocks=1, extra=i % 7) for i in range(STREAMS)]
 
 
-async def _streams(base: str, prompts: list[list[int]], disturb: Callable[[], None] | None) -> Any:
-    """Runs one greedy stream per prompt; calls ``disturb`` once every stream has shown
-    text; returns each stream's (text, completion tokens)."""
+async def _streams(
+    base: str,
+    prompts: list[list[int]],
+    disturb: Callable[[], None] | None,
+    sampling: list[dict[str, Any]] | None = None,
+    shown_out: list[str] | None = None,
+) -> Any:
+    """Runs one stream per prompt (greedy, or with ``sampling[i]``); calls ``disturb`` once
+    every stream has shown text; returns each stream's (text, completion tokens) and puts
+    the text each had shown before the disturbance into ``shown_out``."""
     client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+    choices = sampling or [{"temperature": 0}] * len(prompts)
     async with client:
-        streams = await asyncio.gather(*(_open(client, p) for p in prompts))
+        streams = await asyncio.gather(
+            *(_open(client, p, c) for p, c in zip(prompts, choices, strict=True))
+        )
         shown = await asyncio.gather(*(_first_text(s) for s in streams))
+        if shown_out is not None:
+            shown_out.extend("".join(text) for text in shown)
         if disturb is not None:
             await asyncio.to_thread(disturb)
         return await asyncio.gather(*(_finish(s, t) for s, t in zip(streams, shown, strict=True)))
 
 
-async def _open(client: openai.AsyncOpenAI, prompt: list[int]) -> Any:
+async def _open(client: openai.AsyncOpenAI, prompt: list[int], sampling: dict[str, Any]) -> Any:
     return await client.completions.create(
         model=MODEL,
         prompt=prompt,
         max_tokens=MAX_TOKENS,
-        temperature=0,
         stream=True,
         stream_options={"include_usage": True},
         extra_body={"ignore_eos": True},
         timeout=300,
+        **sampling,
     )
 
 
@@ -178,6 +194,35 @@ def test_kill_9_of_a_worker_under_50_streams_loses_no_token(served: Served) -> N
     new_worker = served.cluster.start_worker("w4")
     engines = served.wait_engines(3)
     assert new_worker in {e["worker"] for e in engines}  # the lost actor, recreated
+
+
+def test_kill_9_under_30_streams_at_temperature_1_completes_them_all(served: Served) -> None:
+    """The OpenAI default temperature: seeded streams continue exactly, unseeded ones
+    continue from the text shown with a fresh seed; none fails."""
+    prompts = PROMPTS[:SAMPLED_STREAMS]
+    sampling = [
+        {"temperature": 1.0, **({"seed": 500 + i} if i % 2 == 0 else {})}
+        for i in range(SAMPLED_STREAMS)
+    ]
+    undisturbed = asyncio.run(_streams(served.base, prompts, None, sampling))
+    migrations_before = served.metric(f'dynask_migrations_total{{model="{MODEL}"}}')
+    killed: dict[str, Any] = {}
+
+    def kill_busiest() -> None:
+        killed.update(_busiest(served))
+        served.cluster.kill(killed["worker"])
+
+    shown: list[str] = []
+    disturbed = asyncio.run(_streams(served.base, prompts, kill_busiest, sampling, shown))
+
+    assert [count for _, count in disturbed] == [MAX_TOKENS] * SAMPLED_STREAMS
+    assert disturbed[0::2] == undisturbed[0::2]  # seeded: token for token
+    assert all(text.startswith(seen) for (text, _), seen in zip(disturbed, shown, strict=True))
+    assert disturbed[1::2] != undisturbed[1::2]  # unseeded: fresh samples, not replays
+    assert served.metric(f'dynask_migrations_total{{model="{MODEL}"}}') > migrations_before
+    served.wait_engines(2)
+    served.cluster.start_worker("w5")
+    served.wait_engines(3)
 
 
 def test_a_sigstopped_worker_is_noticed_and_its_streams_move(served: Served) -> None:

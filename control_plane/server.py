@@ -36,6 +36,7 @@ from dynask.control_plane.planner.loop import PlannerLoop
 from dynask.control_plane.reliability.options import ReliabilityOptions
 from dynask.control_plane.routing.model_routing import RoutingOptions
 from dynask.control_plane.serving.metrics import ServingMetrics
+from dynask.control_plane.serving.readiness import all_ready, summary
 from dynask.control_plane.serving.service import ServingService
 from dynask.control_plane.state.api_keys import ApiKeys
 from dynask.control_plane.state.database import default_database_url, make_engine, upgrade
@@ -45,6 +46,7 @@ from dynask.control_plane.state.repository import Repository
 log = logging.getLogger(__name__)
 
 STATS_INTERVAL_S = 1.0
+ALL_READY_POLL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,7 @@ class ControlPlane:
             on_actor_event=self.recorder,
         )
         self.startup_error: BaseException | None = None
+        self._all_ready: asyncio.Task[None] | None = None
         self.planner = (
             PlannerLoop(options.planner, self.runtime, self.repo) if options.planner else None
         )
@@ -126,6 +129,7 @@ class ControlPlane:
             middleware=guard,
             api_key_required=options.require_api_key,
             cors_allow_origins=options.cors_allow_origins,
+            readiness=self.runtime.readiness,
         )
 
     def _desired_state(self, deployments: list[DeploymentSpec]) -> list[DeploymentSpec]:
@@ -153,6 +157,8 @@ class ControlPlane:
         finally:
             stats.cancel()
             starting.cancel()
+            if self._all_ready is not None:
+                self._all_ready.cancel()
             if self.planner is not None:
                 self.planner.stop()
             await self.runtime.stop()
@@ -165,6 +171,7 @@ class ControlPlane:
             if self.planner is not None:
                 self.planner.start()
             self._announce_ready()
+            self._all_ready = asyncio.create_task(self._announce_all_ready(), name="all-ready")
             return
         self.startup_error = task.exception()
         print(f"dynask: error: the engines did not start: {self.startup_error}", file=sys.stderr)
@@ -182,6 +189,15 @@ class ControlPlane:
                 f'"content": "Hello!"}}]}}\'',
                 file=sys.stderr,
             )
+
+    async def _announce_all_ready(self) -> None:
+        """Says once when every replica of every deployment is ready (``/ready`` is 200)."""
+        while not all_ready(readiness := self.runtime.readiness()):
+            await asyncio.sleep(ALL_READY_POLL_S)
+        print(
+            f"dynask: every deployment is up ({summary(readiness)}); /ready answers 200",
+            file=sys.stderr,
+        )
 
     def announce_keys(self) -> None:
         """Says whether /v1 needs a key, and how to make the first one."""

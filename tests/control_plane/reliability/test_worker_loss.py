@@ -53,6 +53,7 @@ class Served:
         self.db = f"sqlite:///{folder / 'state.db'}"
         self.proc: subprocess.Popen[bytes] | None = None
         self.base = ""
+        self.log = folder / "serve.log"
         self.start(deploy)
 
     def start(self, deploy: Path | None = None) -> None:
@@ -62,6 +63,7 @@ class Served:
         argv += ["--port", str(port), "--database-url", self.db, "--no-require-api-key"]
         argv += HEARTBEAT + (["-f", str(deploy)] if deploy else [])
         self.proc = sp.start(argv, log)
+        self.log = log
         self.base = f"http://127.0.0.1:{port}"
         sp.wait_healthy(self.base, self.proc, log)
 
@@ -104,6 +106,8 @@ def served(tiny_llama_folder: Path, tmp_path_factory: pytest.TempPathFactory) ->
             cluster.start_worker(name)
         served = Served(cluster, folder, deploy)
         served.wait_engines(3)
+        _wait_status(f"{served.base}/ready", 200)
+        _wait_log_line(served.log, f"dynask: every deployment is up ({MODEL} 3/3)")
         yield served
     finally:
         if served is not None and served.proc is not None:
@@ -171,6 +175,23 @@ async def _finish(stream: Any, text: list[str]) -> tuple[str, int]:
     return "".join(text), usage
 
 
+def _wait_status(url: str, status: int, timeout: float = 60) -> httpx.Response:
+    deadline = time.monotonic() + timeout
+    while (reply := httpx.get(url, timeout=30)).status_code != status:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{url} still {reply.status_code} after {timeout}s: {reply.text}")
+        time.sleep(0.25)
+    return reply
+
+
+def _wait_log_line(log: Path, text: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in log.read_text():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{text!r} not in {log} after {timeout}s")
+        time.sleep(0.25)
+
+
 def _busiest(served: Served) -> dict[str, Any]:
     victim = max(served.engines(), key=lambda e: int(e["in_flight"]))
     assert victim["in_flight"] > 0, "no stream was in flight: the disturbance came too late"
@@ -221,8 +242,16 @@ def test_kill_9_under_30_streams_at_temperature_1_completes_them_all(served: Ser
     assert disturbed[1::2] != undisturbed[1::2]  # unseeded: fresh samples, not replays
     assert served.metric(f'dynask_migrations_total{{model="{MODEL}"}}') > migrations_before
     served.wait_engines(2)
+    # A replica short: /health still says ready, /ready (and ?ready=all) does not.
+    assert httpx.get(f"{served.base}/health", timeout=30).status_code == 200
+    short = httpx.get(f"{served.base}/health?ready=all", timeout=30)
+    assert short.status_code == 503
+    assert short.json()["deployments"] == [{"name": MODEL, "replicas": 3, "ready": 2}]
     served.cluster.start_worker("w5")
     served.wait_engines(3)
+    assert _wait_status(f"{served.base}/ready", 200).json()["deployments"] == [
+        {"name": MODEL, "replicas": 3, "ready": 3}
+    ]
 
 
 def test_a_sigstopped_worker_is_noticed_and_its_streams_move(served: Served) -> None:

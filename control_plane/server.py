@@ -38,7 +38,7 @@ from dynask.control_plane.routing.model_routing import RoutingOptions
 from dynask.control_plane.serving.metrics import ServingMetrics
 from dynask.control_plane.serving.readiness import all_ready, summary
 from dynask.control_plane.serving.service import ServingService
-from dynask.control_plane.state.api_keys import ApiKeys
+from dynask.control_plane.state.api_keys import ApiKeys, TenantLimits
 from dynask.control_plane.state.database import default_database_url, make_engine, upgrade
 from dynask.control_plane.state.deployment import DeploymentSpec
 from dynask.control_plane.state.repository import Repository
@@ -78,6 +78,7 @@ class ServerOptions:
     disagg: DisaggOptions = field(default_factory=DisaggOptions)  # prefill/decode roles
     reliability: ReliabilityOptions = field(default_factory=ReliabilityOptions)
     planner: PlannerConfig | None = None  # None: no autoscaling
+    tenant_defaults: TenantLimits = field(default_factory=TenantLimits)  # keyless tenants
 
 
 Extension = Callable[["ControlPlane"], list[BaseRoute]]
@@ -96,7 +97,11 @@ class ControlPlane:
     ) -> None:
         self.options = options
         self.service = ServingService(
-            ServingMetrics(), options.routing, options.disagg, options.reliability
+            ServingMetrics(),
+            options.routing,
+            options.disagg,
+            options.reliability,
+            options.tenant_defaults,
         )
         self.repo = Repository(make_engine(options.database_url or default_database_url()))
         self.recorder = ActorRecorder(self.repo)

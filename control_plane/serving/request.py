@@ -30,6 +30,7 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     router_mode: str | None = None  # None: the server's default
+    user: str | None = None  # the ``user`` field: names the tenant of a request without a key
 
     def text_bytes(self) -> int:
         """UTF-8 bytes of the prompt's text (0 for token ids): a cheap bound on its tokens."""

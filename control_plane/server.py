@@ -47,6 +47,10 @@ log = logging.getLogger(__name__)
 
 STATS_INTERVAL_S = 1.0
 ALL_READY_POLL_S = 0.5
+STALE_ACTOR_REASON = (
+    "left starting/ready by a control plane that stopped without recording its end "
+    "(killed); a running actor is recorded again when the next one adopts it"
+)
 
 
 @dataclass(frozen=True)
@@ -138,8 +142,12 @@ class ControlPlane:
         )
 
     def _desired_state(self, deployments: list[DeploymentSpec]) -> list[DeploymentSpec]:
-        """Migrates the database, stores ``deployments``, or restores them when empty."""
+        """Migrates the database, closes the actor rows a killed predecessor left open,
+        stores ``deployments``, or restores them when empty."""
         upgrade(self.repo.engine)
+        stale = self.repo.close_stale_actors(self.options.who, STALE_ACTOR_REASON)
+        if stale:
+            log.warning("marked %d actor rows left by a previous control plane as lost", stale)
         if deployments:
             store_deployments(self.repo, deployments, self.options.who)
             return deployments

@@ -31,6 +31,8 @@ import httpx
 import openai
 import pytest
 
+from dynask.control_plane.state.database import make_engine
+from dynask.control_plane.state.repository import Repository
 from tests.control_plane import server_process as sp
 from tests.control_plane.dask_processes import DaskProcesses
 from tests.control_plane.routing_stack import tokens
@@ -291,3 +293,18 @@ def test_a_restarted_control_plane_adopts_the_running_actors(served: Served) -> 
         model=MODEL, prompt=PROMPTS[0], max_tokens=5, temperature=0, extra_body={"ignore_eos": True}
     )
     assert reply.usage is not None and reply.usage.completion_tokens == 5
+    # The rows the killed control plane left "ready" were closed; the adopted actors'
+    # are the only ready ones.
+    engine = make_engine(served.db)
+    try:
+        deadline = time.monotonic() + 30
+        while len(ready := _ready_rows(engine)) != 3 and time.monotonic() < deadline:
+            time.sleep(0.25)
+        assert sorted(ready) == sorted(before.values())
+    finally:
+        engine.dispose()
+
+
+def _ready_rows(engine: Any) -> list[str]:
+    actors = Repository(engine).list_actors()
+    return [a.worker_address for a in actors if a.status == "ready"]

@@ -1,5 +1,9 @@
 """``EngineActor``: one engine on one Dask worker, created with ``actor=True``.
 
+An actor Dask frees without ``stop()`` (its key released: a control plane that died, or
+one that forgot it) stops its engine thread and closes its stream when it is collected
+(``weakref.finalize``): otherwise the thread would serve nobody and hold its memory.
+
 Every method is ``async``: plain actor methods share ONE thread per Dask worker
 ("Dask-Actor-Threads"), so a slow call would block every other actor call; async methods
 run on the worker's event loop and the engine works in its own thread. Token deltas leave
@@ -13,6 +17,8 @@ import asyncio
 import logging
 import os
 import tempfile
+import threading
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +53,7 @@ class EngineActor(KVTransferMethods):
         self._stream: TokenStreamServer | None = None
         self._info: dict[str, Any] | None = None
         self._kv_transfer = None
+        self._finalizer: weakref.finalize[Any, EngineActor] | None = None
 
     async def start(self) -> dict[str, Any]:
         """Loads the engine (in a thread), opens the token stream; returns the actor's info
@@ -64,6 +71,9 @@ class EngineActor(KVTransferMethods):
             stream.watch_kv_events(engine.kv_events)
         engine.start()
         self._engine, self._stream = engine, stream
+        self._finalizer = weakref.finalize(
+            self, _release, self.name, engine, stream, asyncio.get_running_loop()
+        )
         self._info = ActorInfo(
             name=self.name,
             stream_address=address,
@@ -126,6 +136,8 @@ class EngineActor(KVTransferMethods):
         return {"name": self.name, "started": self._engine is not None}
 
     async def stop(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer.detach()  # stopped here: nothing left for collection to do
         await self._close_kv_transfer()
         if self._engine is not None:
             await asyncio.to_thread(self._engine.shutdown)
@@ -138,6 +150,17 @@ class EngineActor(KVTransferMethods):
         if self._engine is None:
             raise EngineNotStartedError(f"engine actor {self.name} has not started")
         return self._engine
+
+
+def _release(
+    name: str, engine: Engine, stream: TokenStreamServer, loop: asyncio.AbstractEventLoop
+) -> None:
+    """What ``stop`` does, for an actor collected without it (must not block the collector:
+    the engine joins its thread in a thread of its own)."""
+    log.warning("engine actor %s was freed without stop(); stopping its engine", name)
+    threading.Thread(target=engine.shutdown, name=f"release-{name}", daemon=True).start()
+    if not loop.is_closed():
+        loop.call_soon_threadsafe(lambda: loop.create_task(stream.close()))
 
 
 def _worker_address() -> str:

@@ -24,6 +24,7 @@ from typing import Any
 
 from dynask.actors.api.actor_info import ActorInfo
 from dynask.actors.api.engine_protocol import Engine, KVCacheEngine
+from dynask.actors.api.outputs import RequestOutput
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.runtime.engine_factory import EngineSpec, build_engine
 from dynask.actors.runtime.kv_transfer_actor import KVTransferMethods
@@ -54,6 +55,7 @@ class EngineActor(KVTransferMethods):
         self._info: dict[str, Any] | None = None
         self._kv_transfer = None
         self._finalizer: weakref.finalize[Any, EngineActor] | None = None
+        self._open: set[str] = set()  # requests submitted and not finished
 
     async def start(self) -> dict[str, Any]:
         """Loads the engine (in a thread), opens the token stream; returns the actor's info
@@ -63,9 +65,10 @@ class EngineActor(KVTransferMethods):
         _share_cores_with_other_workers()
         keep_tensor_memory()
         engine = await asyncio.to_thread(build_engine, self.spec)
-        stream = TokenStreamServer(asyncio.get_running_loop())
+        stream = TokenStreamServer(asyncio.get_running_loop(), self._abort_unread)
         address = await stream.start(_worker_host())
         engine.add_output_listener(stream.publish)
+        engine.add_output_listener(self._forget_finished)
         has_kv_cache = isinstance(engine, KVCacheEngine)
         if has_kv_cache:
             stream.watch_kv_events(engine.kv_events)
@@ -94,6 +97,7 @@ class EngineActor(KVTransferMethods):
         """
         request_id, prompt, params = unpack_request(packed)
         self._running().add_request(prompt, SamplingParams(**params), request_id)
+        self._open.add(request_id)
 
     async def submit_batch(self, payload: bytes) -> list[str | None]:
         """Queues several requests (``token_stream.pack_requests``) in one call.
@@ -110,8 +114,29 @@ class EngineActor(KVTransferMethods):
             except (ValueError, TypeError) as exc:
                 errors.append(str(exc) or type(exc).__name__)
             else:
+                self._open.add(request_id)
                 errors.append(None)
         return errors
+
+    def _forget_finished(self, outputs: list[RequestOutput]) -> None:
+        """Engine thread: finished requests leave ``_open`` (set operations hold the GIL)."""
+        for output in outputs:
+            if output.finished:
+                self._open.discard(output.request_id)
+
+    def _abort_unread(self) -> None:
+        """The last token-stream reader left (its control plane died): every open request's
+        deltas go nowhere, so each is aborted now and its KV blocks freed."""
+        if self._engine is None or not self._open:
+            return
+        log.warning(
+            "engine actor %s: no reader for the deltas of %d requests; aborting them",
+            self.name,
+            len(self._open),
+        )
+        for request_id in list(self._open):
+            self._abort_remote_prefill(request_id)
+            self._engine.abort(request_id)
 
     async def abort(self, request_id: str) -> None:
         self._abort_remote_prefill(request_id)

@@ -242,3 +242,29 @@ def test_an_actor_freed_without_stop_stops_its_engine_thread(smollm2_folder: Pat
             assert echo_threads() == before
 
     asyncio.run(main())
+
+
+def test_requests_whose_stream_lost_its_last_reader_are_aborted() -> None:
+    spec = EngineSpec(kind="echo", engine_args={"delay_s": 0.05})  # 400 tokens: 20 s
+
+    async def main() -> None:
+        async with (
+            LocalCluster(
+                n_workers=1, processes=False, asynchronous=True, dashboard_address=None
+            ) as cluster,
+            Client(cluster, asynchronous=True, direct_to_workers=True) as client,
+        ):
+            proxy = await client.submit(EngineActor, spec, "unread-0", actor=True)
+            info = await proxy.start()
+            handle = ActorHandle(name="unread-0", deployment="d", proxy=proxy, info=info)
+            await handle.connect()
+            stream = handle.generate("r1", list(range(100, 500)), {"max_tokens": 400})
+            await anext(stream)  # running, its deltas arriving
+            await handle.close()  # the control plane is gone: nobody reads the deltas
+            deadline = time.monotonic() + 10
+            while (await proxy.stats())["num_running"] and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            assert (await proxy.stats())["num_running"] == 0
+            await proxy.stop()
+
+    asyncio.run(main())

@@ -11,10 +11,11 @@ Design decisions:
   tokens/minute (prompt + ``max_tokens`` of each request admitted in the last 60 s: what
   the request may cost, known before it runs). A tenant over its limit is refused; the
   others keep their share.
-- Priority classes shed load in bands before the global limit: when the server has more
-  than ``LOW_BAND`` of ``--max-in-flight`` requests in flight, ``low`` requests get 503;
-  above ``NORMAL_BAND``, ``normal`` ones too; ``high`` ones only at the limit itself.
-  (Bands, not weighted fair queuing: admission does not queue, it answers at once.)
+- Priority classes shed load in bands before the global limit: when the server has
+  ``LOW_BAND`` of ``--max-in-flight`` requests in flight, ``low`` requests get 503;
+  ``normal`` and ``high`` ones only at the limit itself (a band for ``normal`` would
+  quietly lower ``--max-in-flight`` for every tenant that sets nothing). Bands, not
+  weighted fair queuing: admission does not queue, it answers at once.
 - Counting is O(1) per request on the event loop, except the tokens/minute window
   (one deque entry per request of the last minute).
 """
@@ -33,8 +34,7 @@ from dynask.control_plane.serving.metrics import ServingMetrics
 from dynask.control_plane.state.api_keys import TenantLimits
 
 WINDOW_S = 60.0
-LOW_BAND = 0.5  # of --max-in-flight: above it, low-priority requests are shed
-NORMAL_BAND = 0.85  # above it, normal ones too
+LOW_BAND = 0.5  # of --max-in-flight: from it on, low-priority requests are shed
 ANONYMOUS = "anonymous"
 
 
@@ -217,7 +217,6 @@ class TenantSlot:
 
 def shed_priority(priority: str, in_flight: int, max_in_flight: int | None) -> bool:
     """True if a request of class ``priority`` is shed at ``in_flight`` requests."""
-    if max_in_flight is None or priority == "high":
-        return False
-    band = LOW_BAND if priority == "low" else NORMAL_BAND
-    return in_flight >= math.ceil(band * max_in_flight)
+    if max_in_flight is None or priority != "low":
+        return False  # normal and high: only the global limit (``Admission``) sheds them
+    return in_flight >= math.ceil(LOW_BAND * max_in_flight)

@@ -255,7 +255,7 @@ def test_requests_whose_stream_lost_its_last_reader_are_aborted() -> None:
             Client(cluster, asynchronous=True, direct_to_workers=True) as client,
         ):
             proxy = await client.submit(EngineActor, spec, "unread-0", actor=True)
-            info = await proxy.start()
+            info = ActorInfo.from_dict(await proxy.start())
             handle = ActorHandle(name="unread-0", deployment="d", proxy=proxy, info=info)
             await handle.connect()
             stream = handle.generate("r1", list(range(100, 500)), {"max_tokens": 400})

@@ -78,9 +78,10 @@ def test_a_request_larger_than_the_whole_token_limit_passes_when_nothing_else_co
     gate.admit("big", Tenant("t", TenantLimits(tokens_per_minute=10)), 500)
 
 
-def test_priority_bands_shed_low_then_normal_before_the_global_limit() -> None:
+def test_the_low_priority_band_sheds_at_half_the_global_limit() -> None:
     assert [shed_priority("low", n, 100) for n in (49, 50)] == [False, True]
-    assert [shed_priority("normal", n, 100) for n in (84, 85)] == [False, True]
+    assert [shed_priority("low", n, 3) for n in (1, 2)] == [False, True]
+    assert not shed_priority("normal", 99, 100)  # only the global limit sheds them
     assert not shed_priority("high", 99, 100)
     assert not shed_priority("low", 10**6, None)  # no global limit: no bands
 

@@ -19,8 +19,9 @@ import os
 import tempfile
 import threading
 import weakref
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec
 
 from dynask.actors.api.actor_info import ActorInfo
 from dynask.actors.api.engine_protocol import Engine, KVCacheEngine
@@ -37,6 +38,7 @@ from dynask.actors.runtime.token_stream import (
 )
 
 log = logging.getLogger(__name__)
+P = ParamSpec("P")
 
 
 class EngineNotStartedError(RuntimeError):
@@ -65,10 +67,10 @@ class EngineActor(KVTransferMethods):
         _share_cores_with_other_workers()
         keep_tensor_memory()
         engine = await asyncio.to_thread(build_engine, self.spec)
-        stream = TokenStreamServer(asyncio.get_running_loop(), self._abort_unread)
+        stream = TokenStreamServer(asyncio.get_running_loop(), _weakly(self._abort_unread))
         address = await stream.start(_worker_host())
         engine.add_output_listener(stream.publish)
-        engine.add_output_listener(self._forget_finished)
+        engine.add_output_listener(_weakly(self._forget_finished))
         has_kv_cache = isinstance(engine, KVCacheEngine)
         if has_kv_cache:
             stream.watch_kv_events(engine.kv_events)
@@ -175,6 +177,19 @@ class EngineActor(KVTransferMethods):
         if self._engine is None:
             raise EngineNotStartedError(f"engine actor {self.name} has not started")
         return self._engine
+
+
+def _weakly(method: Callable[P, None]) -> Callable[P, None]:
+    """``method`` through a weak reference: the engine thread and the stream server must
+    not keep the actor alive, or an actor Dask freed would never be collected."""
+    ref = weakref.WeakMethod(method)  # type: ignore[arg-type]
+
+    def call(*args: P.args, **kwargs: P.kwargs) -> None:
+        bound = ref()
+        if bound is not None:
+            bound(*args, **kwargs)
+
+    return call
 
 
 def _release(

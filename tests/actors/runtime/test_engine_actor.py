@@ -258,7 +258,7 @@ def test_requests_whose_stream_lost_its_last_reader_are_aborted() -> None:
             info = ActorInfo.from_dict(await proxy.start())
             handle = ActorHandle(name="unread-0", deployment="d", proxy=proxy, info=info)
             await handle.connect()
-            stream = handle.generate("r1", list(range(100, 500)), {"max_tokens": 400})
+            stream = handle.generate("r1", list(range(100, 500)), SamplingParams(max_tokens=400))
             await anext(stream)  # running, its deltas arriving
             await handle.close()  # the control plane is gone: nobody reads the deltas
             deadline = time.monotonic() + 10

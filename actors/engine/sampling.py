@@ -9,8 +9,8 @@ token is a function of the request's seed and its position alone — not of how 
 came before, nor of what else is in the batch. That is what lets a request continue on
 another engine after its actor is lost: the resumed request (prompt plus the tokens the
 client has) draws the next position exactly as the lost engine would have. Re-seeding a
-CPU generator costs a few microseconds a row; ``bench/sampler.py`` measures the sampler
-against one stateful generator per request.
+CPU generator costs a few microseconds a row; ``bench/engine/sampler.py`` measures the
+sampler against one stateful generator per request.
 
 On a GPU the logits never leave it: sampled rows filter on the device and draw with the
 exponential race (``argmax(p / E)``, E ~ Exp(1), which picks i with probability p_i),

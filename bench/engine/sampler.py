@@ -8,8 +8,8 @@ at batch 1 and 32, temperature 1.0 and top-p 0.95, once with generators that onl
 per step (what the engine does), the two back to back in every step so both see the
 same machine load; medians over the steps.
 
-    .venv/bin/python bench/sampler.py              # prints a table, writes JSON
-    .venv/bin/python bench/sampler.py --steps 400
+    .venv/bin/python -m bench.engine.sampler              # prints a table, writes JSON
+    .venv/bin/python -m bench.engine.sampler --steps 400
 
 Writes ``bench/results/sampler.json`` (``--out``).
 """
@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from serve_report import code_version, machine_facts, write_json
 
+from bench.common.report import code_version, machine_facts, write_json
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.engine.sampling import draw_generator, sample
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 VOCAB = 49152
 
 

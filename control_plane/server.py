@@ -37,8 +37,9 @@ from dynask.control_plane.planner.loop import PlannerLoop
 from dynask.control_plane.reliability.options import ReliabilityOptions
 from dynask.control_plane.routing.model_routing import RoutingOptions
 from dynask.control_plane.serving.metrics import ServingMetrics
+from dynask.control_plane.serving.readiness import all_ready, summary
 from dynask.control_plane.serving.service import ServingService
-from dynask.control_plane.state.api_keys import ApiKeys
+from dynask.control_plane.state.api_keys import ApiKeys, TenantLimits
 from dynask.control_plane.state.database import default_database_url, make_engine, upgrade
 from dynask.control_plane.state.deployment import DeploymentSpec
 from dynask.control_plane.state.repository import Repository
@@ -47,6 +48,11 @@ from dynask.control_plane.state.response_store import ResponseStore
 log = logging.getLogger(__name__)
 
 STATS_INTERVAL_S = 1.0
+ALL_READY_POLL_S = 0.5
+STALE_ACTOR_REASON = (
+    "left starting/ready by a control plane that stopped without recording its end "
+    "(killed); a running actor is recorded again when the next one adopts it"
+)
 
 
 @dataclass(frozen=True)
@@ -79,6 +85,7 @@ class ServerOptions:
     reliability: ReliabilityOptions = field(default_factory=ReliabilityOptions)
     planner: PlannerConfig | None = None  # None: no autoscaling
     chat: ChatOptions = field(default_factory=ChatOptions)  # tool-call and reasoning parsers
+    tenant_defaults: TenantLimits = field(default_factory=TenantLimits)  # keyless tenants
 
 
 Extension = Callable[["ControlPlane"], list[BaseRoute]]
@@ -97,7 +104,11 @@ class ControlPlane:
     ) -> None:
         self.options = options
         self.service = ServingService(
-            ServingMetrics(), options.routing, options.disagg, options.reliability
+            ServingMetrics(),
+            options.routing,
+            options.disagg,
+            options.reliability,
+            options.tenant_defaults,
         )
         self.repo = Repository(make_engine(options.database_url or default_database_url()))
         self.recorder = ActorRecorder(self.repo)
@@ -112,6 +123,7 @@ class ControlPlane:
             on_actor_event=self.recorder,
         )
         self.startup_error: BaseException | None = None
+        self._all_ready: asyncio.Task[None] | None = None
         self.planner = (
             PlannerLoop(options.planner, self.runtime, self.repo) if options.planner else None
         )
@@ -131,11 +143,16 @@ class ControlPlane:
             cors_allow_origins=options.cors_allow_origins,
             response_store=ResponseStore(self.repo.engine),
             chat_options=options.chat,
+            readiness=self.runtime.readiness,
         )
 
     def _desired_state(self, deployments: list[DeploymentSpec]) -> list[DeploymentSpec]:
-        """Migrates the database, stores ``deployments``, or restores them when empty."""
+        """Migrates the database, closes the actor rows a killed predecessor left open,
+        stores ``deployments``, or restores them when empty."""
         upgrade(self.repo.engine)
+        stale = self.repo.close_stale_actors(self.options.who, STALE_ACTOR_REASON)
+        if stale:
+            log.warning("marked %d actor rows left by a previous control plane as lost", stale)
         if deployments:
             store_deployments(self.repo, deployments, self.options.who)
             return deployments
@@ -158,6 +175,8 @@ class ControlPlane:
         finally:
             stats.cancel()
             starting.cancel()
+            if self._all_ready is not None:
+                self._all_ready.cancel()
             if self.planner is not None:
                 self.planner.stop()
             await self.runtime.stop()
@@ -170,6 +189,7 @@ class ControlPlane:
             if self.planner is not None:
                 self.planner.start()
             self._announce_ready()
+            self._all_ready = asyncio.create_task(self._announce_all_ready(), name="all-ready")
             return
         self.startup_error = task.exception()
         print(f"dynask: error: the engines did not start: {self.startup_error}", file=sys.stderr)
@@ -187,6 +207,15 @@ class ControlPlane:
                 f'"content": "Hello!"}}]}}\'',
                 file=sys.stderr,
             )
+
+    async def _announce_all_ready(self) -> None:
+        """Says once when every replica of every deployment is ready (``/ready`` is 200)."""
+        while not all_ready(readiness := self.runtime.readiness()):
+            await asyncio.sleep(ALL_READY_POLL_S)
+        print(
+            f"dynask: every deployment is up ({summary(readiness)}); /ready answers 200",
+            file=sys.stderr,
+        )
 
     def announce_keys(self) -> None:
         """Says whether /v1 needs a key, and how to make the first one."""

@@ -41,6 +41,12 @@ def admin_extension(control_plane: ControlPlane, console: TextIO = sys.stderr) -
             "to choose it)",
             file=console,
         )
+    if made.password_changed:
+        print(
+            f"dynask: the admin UI account '{ADMIN_USERNAME}' now has the password in "
+            f"{ADMIN_PASSWORD_VARIABLE} (it differed from the stored one)",
+            file=console,
+        )
     deps = AdminDeps(
         renderer=Renderer(),
         users=users,

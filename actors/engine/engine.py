@@ -29,7 +29,7 @@ from dynask.actors.engine.engine_parts import EngineParts, build_engine_parts
 from dynask.actors.engine.grammar.structured_output import GrammarState, StructuredOutputs
 from dynask.actors.engine.kv_manager import KVCacheManager, PrefixHit
 from dynask.actors.engine.kv_tiers import offload_stats
-from dynask.actors.engine.sampling import make_generator
+from dynask.actors.engine.sampling import request_seed
 from dynask.actors.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from dynask.actors.engine.sequence import AbortRequest, Sequence, SequenceStatus, check_prompt
 from dynask.kv.hashing import hash_seed
@@ -96,7 +96,7 @@ class LLMEngine:
             detokenizer=IncrementalDetokenizer(
                 self.tokenizer, token_ids, params.stop, params.skip_special_tokens
             ),
-            generator=make_generator(params.seed, self._rng),
+            seed=request_seed(params.seed, self._rng),
             hash_seed=hash_seed(params.extra_keys),
             grammar=self._grammar(params, token_ids),
         )

@@ -96,7 +96,7 @@ class ModelRunner:
             return [None] * len(chunks)
         seqs = [chunks[i].seq for i in sampled_rows]
         self.grammar_mask.mask_logits(logits, seqs)
-        tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        tokens = sample(logits, [s.params for s in seqs], [s.next_draw() for s in seqs])
         advance_grammars(seqs, tokens)
         result: list[int | None] = [None] * len(chunks)
         for i, token in zip(sampled_rows, tokens, strict=True):

@@ -1,14 +1,22 @@
 """Per-request sampling parameters and the batched sampler.
 
 Greedy rows take an argmax over the whole batch at once; sampled rows apply temperature,
-top-k and top-p and draw from their own ``torch.Generator``, seeded from the request's
-``seed`` so a seeded request gives the same text whatever else is in the batch.
+top-k and top-p and draw from a generator handed in per row and step.
+
+The draws are counter-based: the generator for the token at position ``p`` of a request
+is seeded with ``draw_seed(request_seed, p)`` (a splitmix64 mix of both), so every sampled
+token is a function of the request's seed and its position alone — not of how many draws
+came before, nor of what else is in the batch. That is what lets a request continue on
+another engine after its actor is lost: the resumed request (prompt plus the tokens the
+client has) draws the next position exactly as the lost engine would have. Re-seeding a
+CPU generator costs a few microseconds a row; ``bench/engine/sampler.py`` measures the
+sampler against one stateful generator per request.
 
 On a GPU the logits never leave it: sampled rows filter on the device and draw with the
 exponential race (``argmax(p / E)``, E ~ Exp(1), which picks i with probability p_i),
-the noise coming from a device generator re-seeded per row and step from the request's
-own CPU generator. The chosen ids are written into one device tensor, so the step's only
-host synchronisation is the copy that returns them.
+the noise coming from a device generator (Philox) seeded with the row's draw seed. The
+chosen ids are written into one device tensor, so the step's only host synchronisation
+is the copy that returns them.
 """
 
 from __future__ import annotations
@@ -17,14 +25,28 @@ import torch
 
 from dynask.actors.api.sampling_params import SamplingParams
 
+_MASK64 = 2**64 - 1
+_GOLDEN_GAMMA = 0x9E3779B97F4A7C15  # splitmix64's increment
 
-def make_generator(seed: int | None, fallback: torch.Generator) -> torch.Generator:
-    """A CPU generator for one request: seeded by the request, else by the engine's RNG."""
-    generator = torch.Generator()
-    if seed is None:
-        seed = int(torch.randint(0, 2**62, (1,), generator=fallback).item())
-    generator.manual_seed(seed)
-    return generator
+
+def request_seed(seed: int | None, fallback: torch.Generator) -> int:
+    """The seed of one request's draws: its own, else a fresh one from the engine's RNG."""
+    if seed is not None:
+        return seed
+    return int(torch.randint(0, 2**62, (1,), generator=fallback).item())
+
+
+def draw_seed(seed: int, position: int) -> int:
+    """The seed of the draw for the token at ``position`` (splitmix64 of seed and position)."""
+    z = (seed + (position + 1) * _GOLDEN_GAMMA) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def draw_generator(generator: torch.Generator, seed: int, position: int) -> torch.Generator:
+    """``generator`` re-seeded for the draw at ``position`` of a request seeded ``seed``."""
+    return generator.manual_seed(draw_seed(seed, position))
 
 
 def sample(
@@ -69,7 +91,7 @@ def _sample_on_device(
         if row_params.greedy:
             continue
         noise = noise or torch.Generator(device=logits.device)
-        seed = int(torch.randint(0, 2**62, (1,), generator=generators[row]).item())  # CPU
+        seed = generators[row].initial_seed()  # the row's draw seed (``draw_generator``)
         chosen[row] = _race_row(logits[row], row_params, noise.manual_seed(seed))
     return [int(t) for t in chosen.tolist()]
 

@@ -11,6 +11,7 @@ from dynask.actors.api.outputs import FinishReason, Usage
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.engine.detokenizer import IncrementalDetokenizer
 from dynask.actors.engine.grammar.structured_output import GrammarState
+from dynask.actors.engine.sampling import draw_generator
 from dynask.kv.block_pool import Block
 from dynask.kv.hashing import SequenceHash
 
@@ -36,7 +37,7 @@ class Sequence:
     prompt_token_ids: list[int]
     params: SamplingParams
     detokenizer: IncrementalDetokenizer
-    generator: torch.Generator
+    seed: int  # of the request's draws: its own, or one the engine chose
     hash_seed: int
     output_token_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
@@ -48,6 +49,7 @@ class Sequence:
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
     grammar: GrammarState | None = None  # structured outputs: where the output is in it
+    generator: torch.Generator = field(default_factory=torch.Generator)  # re-seeded per draw
 
     @property
     def num_tokens(self) -> int:
@@ -57,6 +59,11 @@ class Sequence:
     def num_pending_tokens(self) -> int:
         """Tokens still to run through the model before the next sample."""
         return self.num_tokens - self.num_computed_tokens
+
+    def next_draw(self) -> torch.Generator:
+        """The generator for this request's next token: a function of its seed and the
+        token's position, so a resumed request draws as the original would have."""
+        return draw_generator(self.generator, self.seed, self.num_tokens)
 
     def token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids

@@ -1,5 +1,9 @@
 """``EngineActor``: one engine on one Dask worker, created with ``actor=True``.
 
+An actor Dask frees without ``stop()`` (its key released: a control plane that died, or
+one that forgot it) stops its engine thread and closes its stream when it is collected
+(``weakref.finalize``): otherwise the thread would serve nobody and hold its memory.
+
 Every method is ``async``: plain actor methods share ONE thread per Dask worker
 ("Dask-Actor-Threads"), so a slow call would block every other actor call; async methods
 run on the worker's event loop and the engine works in its own thread. Token deltas leave
@@ -13,11 +17,15 @@ import asyncio
 import logging
 import os
 import tempfile
+import threading
+import weakref
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec
 
 from dynask.actors.api.actor_info import ActorInfo
 from dynask.actors.api.engine_protocol import Engine, KVCacheEngine
+from dynask.actors.api.outputs import RequestOutput
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.runtime.engine_factory import EngineSpec, build_engine
 from dynask.actors.runtime.kv_transfer_actor import KVTransferMethods
@@ -30,6 +38,7 @@ from dynask.actors.runtime.token_stream import (
 )
 
 log = logging.getLogger(__name__)
+P = ParamSpec("P")
 
 
 class EngineNotStartedError(RuntimeError):
@@ -47,6 +56,8 @@ class EngineActor(KVTransferMethods):
         self._stream: TokenStreamServer | None = None
         self._info: dict[str, Any] | None = None
         self._kv_transfer = None
+        self._finalizer: weakref.finalize[Any, EngineActor] | None = None
+        self._open: set[str] = set()  # requests submitted and not finished
 
     async def start(self) -> dict[str, Any]:
         """Loads the engine (in a thread), opens the token stream; returns the actor's info
@@ -56,14 +67,18 @@ class EngineActor(KVTransferMethods):
         _share_cores_with_other_workers()
         keep_tensor_memory()
         engine = await asyncio.to_thread(build_engine, self.spec)
-        stream = TokenStreamServer(asyncio.get_running_loop())
+        stream = TokenStreamServer(asyncio.get_running_loop(), _weakly(self._abort_unread))
         address = await stream.start(_worker_host())
         engine.add_output_listener(stream.publish)
+        engine.add_output_listener(_weakly(self._forget_finished))
         has_kv_cache = isinstance(engine, KVCacheEngine)
         if has_kv_cache:
             stream.watch_kv_events(engine.kv_events)
         engine.start()
         self._engine, self._stream = engine, stream
+        self._finalizer = weakref.finalize(
+            self, _release, self.name, engine, stream, asyncio.get_running_loop()
+        )
         self._info = ActorInfo(
             name=self.name,
             stream_address=address,
@@ -84,6 +99,7 @@ class EngineActor(KVTransferMethods):
         """
         request_id, prompt, params = unpack_request(packed)
         self._running().add_request(prompt, SamplingParams(**params), request_id)
+        self._open.add(request_id)
 
     async def submit_batch(self, payload: bytes) -> list[str | None]:
         """Queues several requests (``token_stream.pack_requests``) in one call.
@@ -100,8 +116,29 @@ class EngineActor(KVTransferMethods):
             except (ValueError, TypeError) as exc:
                 errors.append(str(exc) or type(exc).__name__)
             else:
+                self._open.add(request_id)
                 errors.append(None)
         return errors
+
+    def _forget_finished(self, outputs: list[RequestOutput]) -> None:
+        """Engine thread: finished requests leave ``_open`` (set operations hold the GIL)."""
+        for output in outputs:
+            if output.finished:
+                self._open.discard(output.request_id)
+
+    def _abort_unread(self) -> None:
+        """The last token-stream reader left (its control plane died): every open request's
+        deltas go nowhere, so each is aborted now and its KV blocks freed."""
+        if self._engine is None or not self._open:
+            return
+        log.warning(
+            "engine actor %s: no reader for the deltas of %d requests; aborting them",
+            self.name,
+            len(self._open),
+        )
+        for request_id in list(self._open):
+            self._abort_remote_prefill(request_id)
+            self._engine.abort(request_id)
 
     async def abort(self, request_id: str) -> None:
         self._abort_remote_prefill(request_id)
@@ -126,6 +163,8 @@ class EngineActor(KVTransferMethods):
         return {"name": self.name, "started": self._engine is not None}
 
     async def stop(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer.detach()  # stopped here: nothing left for collection to do
         await self._close_kv_transfer()
         if self._engine is not None:
             await asyncio.to_thread(self._engine.shutdown)
@@ -138,6 +177,30 @@ class EngineActor(KVTransferMethods):
         if self._engine is None:
             raise EngineNotStartedError(f"engine actor {self.name} has not started")
         return self._engine
+
+
+def _weakly(method: Callable[P, None]) -> Callable[P, None]:
+    """``method`` through a weak reference: the engine thread and the stream server must
+    not keep the actor alive, or an actor Dask freed would never be collected."""
+    ref = weakref.WeakMethod(method)  # type: ignore[arg-type]
+
+    def call(*args: P.args, **kwargs: P.kwargs) -> None:
+        bound = ref()
+        if bound is not None:
+            bound(*args, **kwargs)
+
+    return call
+
+
+def _release(
+    name: str, engine: Engine, stream: TokenStreamServer, loop: asyncio.AbstractEventLoop
+) -> None:
+    """What ``stop`` does, for an actor collected without it (must not block the collector:
+    the engine joins its thread in a thread of its own)."""
+    log.warning("engine actor %s was freed without stop(); stopping its engine", name)
+    threading.Thread(target=engine.shutdown, name=f"release-{name}", daemon=True).start()
+    if not loop.is_closed():
+        loop.call_soon_threadsafe(lambda: loop.create_task(stream.close()))
 
 
 def _worker_address() -> str:

@@ -24,6 +24,7 @@ import asyncio
 import logging
 import struct
 from array import array
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -136,8 +137,11 @@ class TokenStreamServer:
     the sockets with ``call_soon_threadsafe`` (one hop per step, not per token).
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, on_no_readers: Callable[[], None] = lambda: None
+    ) -> None:
         self._loop = loop
+        self._on_no_readers = on_no_readers  # the last reader left: nobody gets the deltas
         self._writers: set[asyncio.StreamWriter] = set()
         self._server: asyncio.Server | None = None
         self._kv_log: KVEventLog | None = None
@@ -155,6 +159,8 @@ class TokenStreamServer:
         finally:
             self._writers.discard(writer)
             writer.close()
+            if not self._writers:
+                self._on_no_readers()
 
     def publish(self, outputs: list[RequestOutput]) -> None:
         """Engine-thread entry point: one frame for the whole step."""

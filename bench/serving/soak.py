@@ -9,13 +9,21 @@ see ``soak_cluster.py``):
    exactly their tokens, failures by kind, and the control plane's resident memory
    before, at its peak (sampled every 0.25 s) and after.
 2. **Mixed load with kills**: ``--concurrency`` closed-loop clients for ``--duration``
-   seconds (default 600), each request greedy with 16, 64 or 128 output tokens. The
+   seconds (default 600), each request at the server's default temperature (1.0, as an
+   OpenAI client sends it; ``--temperature`` to choose) with 16, 64 or 128 output
+   tokens: sampled requests move to another actor like greedy ones. The
    first ``--kill-every`` seconds (default 120) run undisturbed: the baseline. Then every
    ``--kill-every`` seconds the worker with the most requests in flight gets ``kill -9``
    and a replacement worker starts at once. Reported: requests completed and failed
    (goal: 0 failed), requests migrated (``dynask_migrations_total``), TTFT p99 in the
    baseline window and after it (their ratio), and the control plane's memory growth
    from the end of the baseline window to the end (goal: under 10%).
+3. **Mixed tenants**: the same closed-loop clients, each its own tenant (the ``user``
+   field; the server limits every keyless tenant to ``--tenant-max-concurrent``
+   requests at once), for ``--tenant-duration`` seconds: first alone, then beside a
+   noisy tenant keeping 10x its concurrency limit in flight. Reported: the quiet
+   tenants' TTFT p50 and p99 alone and beside the noise, their failures (goal: 0), and
+   how many of the noisy tenant's requests got 429.
 
 Echo engines make the load cheap and known: every request's token count is checked.
 (After a migration an echo engine echoes the resumed prompt, so its text differs from
@@ -70,6 +78,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=32, help="mixed-phase clients")
     parser.add_argument("--replicas", type=int, default=3, help="workers = echo actors")
     parser.add_argument("--echo-delay", type=float, default=0.01, help="seconds per echo step")
+    parser.add_argument("--temperature", type=float, default=None, help="default: the server's")
+    parser.add_argument("--tenant-duration", type=float, default=60.0, help="phase 3, seconds")
+    parser.add_argument("--tenant-max-concurrent", type=int, default=2)
     parser.add_argument("--out", type=Path, default=REPO / "bench/results/soak.json")
     return parser.parse_args(argv)
 
@@ -93,7 +104,8 @@ async def _concurrent_streams(cluster: SoakCluster, args: argparse.Namespace) ->
         sampler = asyncio.create_task(sample_memory())
         start = time.perf_counter()
         records = await asyncio.gather(
-            *(stream_completion(client, body) for _ in range(args.streams))
+            # Each stream its own tenant: one tenant's concurrency limit would refuse most.
+            *(stream_completion(client, {**body, "user": f"s{i}"}) for i in range(args.streams))
         )
         wall = time.perf_counter() - start
         sampler.cancel()
@@ -138,7 +150,8 @@ class MixedLoad:
         rng = random.Random(seed)
         while time.monotonic() < deadline:
             max_tokens = rng.choice(MIXED_MAX_TOKENS)
-            body = completion_body(MODEL, rng.choice(self.prompts), max_tokens)
+            body = sampled_body(rng.choice(self.prompts), max_tokens, self.args.temperature)
+            body["user"] = f"client-{seed}"  # its own tenant: one request at a time
             sent = time.monotonic()
             self.records.append((sent, max_tokens, await stream_completion(client, body)))
 
@@ -212,6 +225,88 @@ class MixedLoad:
         }
 
 
+def sampled_body(prompt: str, max_tokens: int, temperature: float | None) -> dict[str, Any]:
+    """A streaming completion at ``temperature`` (None: the server's default, 1.0)."""
+    body = completion_body(MODEL, prompt, max_tokens)
+    del body["temperature"]
+    if temperature is not None:
+        body["temperature"] = temperature
+    return body
+
+
+class TenantPhase:
+    """Phase 3: quiet tenants alone, then beside a noisy one at 10x its limit."""
+
+    def __init__(self, cluster: SoakCluster, args: argparse.Namespace, prompts: list[str]):
+        self.cluster, self.args, self.prompts = cluster, args, prompts
+
+    async def run(self) -> dict[str, Any]:
+        half = self.args.tenant_duration / 2
+        limits = httpx.Limits(max_connections=self.args.concurrency * 2 + 64)
+        async with httpx.AsyncClient(
+            base_url=self.cluster.base_url, limits=limits, timeout=600
+        ) as client:
+            alone = await self._quiet(client, half)
+            stop = asyncio.Event()
+            noise = asyncio.create_task(self._noisy(client, stop))
+            beside = await self._quiet(client, half)
+            stop.set()
+            noisy = await noise
+        return {
+            "duration_s": self.args.tenant_duration,
+            "quiet_tenants": self.args.concurrency,
+            "tenant_max_concurrent": self.args.tenant_max_concurrent,
+            "quiet_alone": _quiet_summary(alone),
+            "quiet_beside_noise": _quiet_summary(beside),
+            "noisy_requests": len(noisy),
+            "noisy_429": sum(1 for status in noisy if status == 429),
+            "noisy_ok": sum(1 for status in noisy if status == 200),
+        }
+
+    async def _quiet(self, client: httpx.AsyncClient, seconds: float) -> list[RequestRecord]:
+        deadline = time.monotonic() + seconds
+        records: list[RequestRecord] = []
+
+        async def one_tenant(seed: int) -> None:
+            rng = random.Random(seed)
+            while time.monotonic() < deadline:
+                body = sampled_body(rng.choice(self.prompts), 16, self.args.temperature)
+                record = await stream_completion(client, {**body, "user": f"quiet-{seed}"})
+                records.append(record)
+
+        await asyncio.gather(*(one_tenant(seed) for seed in range(self.args.concurrency)))
+        return records
+
+    async def _noisy(self, client: httpx.AsyncClient, stop: asyncio.Event) -> list[int]:
+        """One tenant keeping 10x its concurrency limit in flight; each answer's status."""
+        statuses: list[int] = []
+        body = {**sampled_body(self.prompts[0], 64, self.args.temperature), "user": "noisy"}
+        body["stream"] = False
+        del body["stream_options"]
+
+        async def sender() -> None:
+            while not stop.is_set():
+                reply = await client.post("/v1/completions", json=body)
+                statuses.append(reply.status_code)
+                if reply.status_code == 429:
+                    await asyncio.sleep(0.05)  # a client that ignores Retry-After, nearly
+
+        await asyncio.gather(*(sender() for _ in range(10 * self.args.tenant_max_concurrent)))
+        return statuses
+
+
+def _quiet_summary(records: list[RequestRecord]) -> dict[str, Any]:
+    ttfts = sorted(r.ttft_s for r in records if r.ttft_s is not None and r.failure(16) is None)
+    failed = sum(1 for r in records if r.failure(16) is not None)
+    pick = lambda q: round(1000 * ttfts[min(len(ttfts) - 1, int(q * len(ttfts)))], 1)  # noqa: E731
+    return {
+        "requests": len(records),
+        "failed": failed,
+        "ttft_p50_ms": pick(0.5) if ttfts else None,
+        "ttft_p99_ms": pick(0.99) if ttfts else None,
+    }
+
+
 def _ttft_p99_ms(records: list[RequestRecord]) -> float | None:
     ttfts = sorted(r.ttft_s for r in records if r.ttft_s is not None)
     if not ttfts:
@@ -227,7 +322,30 @@ def _tokenizer() -> Any:
     return AutoTokenizer.from_pretrained(resolve_model(None).folder)
 
 
-def _table(streams: dict[str, Any] | None, mixed: dict[str, Any] | None) -> str:
+def _tenant_table(tenants: dict[str, Any]) -> list[str]:
+    alone, beside = tenants["quiet_alone"], tenants["quiet_beside_noise"]
+    return [
+        f"mixed tenants: {tenants['quiet_tenants']} quiet tenants (closed loop, 16 tokens), "
+        f"then beside a noisy tenant at 10x its limit of "
+        f"{tenants['tenant_max_concurrent']} concurrent",
+        "| quiet | requests | failed | TTFT p50 ms | TTFT p99 ms |",
+        "|---|---|---|---|---|",
+        *(
+            f"| {name} | {row['requests']} | {row['failed']} | {_num(row['ttft_p50_ms'], 1)} "
+            f"| {_num(row['ttft_p99_ms'], 1)} |"
+            for name, row in (("alone", alone), ("beside noise", beside))
+        ),
+        f"noisy tenant: {tenants['noisy_requests']} requests, {tenants['noisy_429']} got 429, "
+        f"{tenants['noisy_ok']} served",
+        f"goal 0 quiet failed: {alone['failed'] + beside['failed'] == 0}",
+    ]
+
+
+def _table(
+    streams: dict[str, Any] | None,
+    mixed: dict[str, Any] | None,
+    tenants: dict[str, Any] | None = None,
+) -> str:
     lines = []
     if streams is not None:
         rss = streams["serve_rss_mib"]
@@ -257,6 +375,8 @@ def _table(streams: dict[str, Any] | None, mixed: dict[str, Any] | None) -> str:
             lines.append(f"failures: {mixed['failures']}")
         lines.append(f"goal 0 failed: {mixed['failed'] == 0}")
         lines.append(f"goal memory growth under 10%: {mixed['memory_growth_pct'] < 10}")
+    if tenants is not None:
+        lines += _tenant_table(tenants)
     return "\n".join(lines)
 
 
@@ -269,12 +389,16 @@ def main(argv: list[str] | None = None) -> int:
     load_start = os.getloadavg()
     prompts = build_prompts(_tokenizer(), 256, PROMPT_TOKENS, "soak")
     serve_flags = ["--heartbeat-interval", "0.5", "--heartbeat-timeout", "5"]
+    serve_flags += ["--tenant-max-concurrent", str(args.tenant_max_concurrent)]
     with tempfile.TemporaryDirectory(prefix="dynask-soak-") as folder, ExitStack() as stack:
         cluster = SoakCluster(Path(sys.executable).parent, Path(folder), stack)
         cluster.start(args.replicas, args.echo_delay, serve_flags)
         streams = asyncio.run(_concurrent_streams(cluster, args)) if args.streams else None
         mixed = asyncio.run(MixedLoad(cluster, args, prompts).run()) if args.duration else None
-    print(_table(streams, mixed))
+        tenants = (
+            asyncio.run(TenantPhase(cluster, args, prompts).run()) if args.tenant_duration else None
+        )
+    print(_table(streams, mixed, tenants))
     document = {
         "benchmark": "soak",
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -282,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "concurrent_streams": streams,
         "mixed": mixed,
+        "tenants": tenants,
         "code": code_version(REPO),
         "machine": machine_facts(load_start),
     }

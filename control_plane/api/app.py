@@ -19,13 +19,22 @@ from dynask.control_plane.api.errors import APIError, from_serving
 from dynask.control_plane.api.internal_errors import CatchInternalErrors
 from dynask.control_plane.api.openai_routes import make_openai_routes
 from dynask.control_plane.api.openapi_document import ApiRoute, Operation, openapi_document
+from dynask.control_plane.api.request_fields import Choice
 from dynask.control_plane.api.responses.routes import make_responses_routes
 from dynask.control_plane.api.routing_routes import make_routing_routes
 from dynask.control_plane.serving.errors import ServingError
+from dynask.control_plane.serving.readiness import DeploymentReadiness, all_ready
 from dynask.control_plane.serving.service import ServingService
 from dynask.control_plane.state.response_store import ResponseStore
 
 Lifespan = Callable[[Starlette], AbstractAsyncContextManager[None]]
+Readiness = Callable[[], list[DeploymentReadiness]]
+READY = Choice(
+    "ready",
+    "'all': ready only when every replica of every deployment is (as /ready); "
+    "left out: when any engine is",
+    choices=("all",),
+)
 
 
 def build_app(
@@ -37,13 +46,15 @@ def build_app(
     response_store: ResponseStore | None = None,
     chat_options: ChatOptions | None = None,
     cors_allow_origins: Sequence[str] = (),
+    readiness: Readiness = list,
 ) -> Starlette:
     """The control plane's HTTP app over ``service``; ``lifespan`` starts the cluster side;
     ``middleware`` wraps every route (the API-key guard is one); ``api_key_required`` is
     what ``/openapi.json`` says of the bearer scheme on ``/v1``; ``cors_allow_origins``
     (none: CORS off) are the browser origins that may call the API; ``response_store``
     keeps the Responses API's stored responses (None: ``store`` is ignored);
-    ``chat_options``: the tool-call and reasoning parsers.
+    ``chat_options``: the tool-call and reasoning parsers; ``readiness`` says how many
+    replicas each deployment wants and has (``/ready``).
 
     Outermost first: CORS (a preflight is answered before any key check, and every answer,
     a 500 too, carries its headers), then ``CatchInternalErrors``, then ``middleware``."""
@@ -52,7 +63,7 @@ def build_app(
         *make_responses_routes(service, response_store, chat_options),
         *make_anthropic_routes(service, chat_options),
         *make_routing_routes(service),
-        *_operational_routes(service, api_key_required),
+        *_operational_routes(service, api_key_required, readiness),
         *(extra_routes or []),
     ]
     return Starlette(
@@ -86,8 +97,21 @@ async def _no_lifespan(_: Starlette) -> AsyncIterator[None]:
     yield
 
 
-def _operational_routes(service: ServingService, api_key_required: bool) -> list[ApiRoute]:
-    async def health(_: Request) -> Response:
+def _operational_routes(
+    service: ServingService, api_key_required: bool, readiness: Readiness
+) -> list[ApiRoute]:
+    async def health(request: Request) -> Response:
+        wait_for = request.query_params.get("ready")
+        if wait_for == "all":
+            return await ready(request)
+        if wait_for is not None:
+            raise APIError(
+                f"'ready' has value {wait_for!r}; expected 'all' (every replica of every "
+                "deployment ready) or no value (any engine ready)",
+                status=400,
+                param="ready",
+                code="invalid_value",
+            )
         actors = [
             {
                 "name": a.name,
@@ -100,6 +124,17 @@ def _operational_routes(service: ServingService, api_key_required: bool) -> list
         status = 200 if actors else 503
         return JSONResponse(
             {"status": "ready" if actors else "starting", "engines": actors}, status
+        )
+
+    async def ready(_: Request) -> Response:
+        deployments = readiness()
+        up = all_ready(deployments)
+        return JSONResponse(
+            {
+                "status": "ready" if up else "starting",
+                "deployments": [d.to_dict() for d in deployments],
+            },
+            200 if up else 503,
         )
 
     async def live(_: Request) -> Response:
@@ -118,8 +153,22 @@ def _operational_routes(service: ServingService, api_key_required: bool) -> list
             health,
             methods=get,
             operation=Operation(
-                "Readiness",
+                "Readiness: any engine ready (``?ready=all``: as ``/ready``)",
                 {"200": "ready", "503": '{"status": "starting"}: no engine ready yet'},
+                {"400": "'ready' other than 'all'"},
+                query=(READY,),
+            ),
+        ),
+        ApiRoute(
+            "/ready",
+            ready,
+            methods=get,
+            operation=Operation(
+                "Readiness by deployment: every replica of every deployment ready",
+                {
+                    "200": "every deployment has all its replicas",
+                    "503": '{"status": "starting", "deployments": [{"name", "replicas", "ready"}]}',
+                },
             ),
         ),
         ApiRoute("/live", live, methods=get, operation=Operation("Liveness", {"200": "live"})),

@@ -6,6 +6,7 @@ one place that says which HTTP status and headers each one gets.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from dynask.control_plane.serving.errors import (
@@ -14,6 +15,7 @@ from dynask.control_plane.serving.errors import (
     ServingError,
     UnavailableError,
 )
+from dynask.control_plane.serving.tenants import TenantLimitError
 
 
 class APIError(Exception):
@@ -86,6 +88,16 @@ def from_serving(error: ServingError) -> APIError:
     """The response a domain error gets: 400 for a bad request, 404 for an unknown
     model, 503 (with ``Retry-After`` when retrying shortly should work) when it cannot be
     served now."""
+    if isinstance(error, TenantLimitError):  # OpenAI's 429: type "requests" or "tokens"
+        kind = "tokens" if error.limit == "tokens_per_minute" else "requests"
+        retry_after = str(max(1, math.ceil(error.retry_after_s)))
+        return APIError(
+            error.message,
+            status=429,
+            code=error.code,
+            error_type=kind,
+            headers={"Retry-After": retry_after},
+        )
     if isinstance(error, UnavailableError):
         retry = error.retry_after_s
         headers = {"Retry-After": str(retry)} if retry is not None else None

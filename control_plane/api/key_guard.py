@@ -35,7 +35,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dynask.control_plane.api.errors import APIError
 from dynask.control_plane.serving.metrics import ServingMetrics
-from dynask.control_plane.state.api_keys import PREFIX_LENGTH, ApiKeys, KeyHash, hash_key
+from dynask.control_plane.state.api_keys import (
+    PREFIX_LENGTH,
+    ApiKeys,
+    KeyHash,
+    KeyTenant,
+    hash_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +75,7 @@ class ApiKeyGuard:
         self._keys = keys
         self._refresh_s = refresh_s
         self._clock = clock
-        self._hashes: frozenset[KeyHash] | None = None  # None: not loaded yet
+        self._hashes: dict[KeyHash, KeyTenant] | None = None  # None: not loaded yet
         self._next_refresh = 0.0
         self._refreshing: asyncio.Task[None] | None = None
         self._used: set[KeyHash] = set()
@@ -84,11 +90,15 @@ class ApiKeyGuard:
         expiry = self._session_keys.get(digest)
         return expiry is not None and expiry > self._clock()
 
+    def tenant_of(self, key: str) -> KeyTenant | None:
+        """The tenant (name, limits) of a stored key, as last loaded; None for others."""
+        return None if self._hashes is None else self._hashes.get(hash_key(key))
+
     def refresh(self) -> None:
         """Reloads the valid hashes and records which keys were used (blocking: a thread)."""
         used, self._used = self._used, set()
         self._keys.mark_used(used, datetime.now(UTC))
-        self._hashes = self._keys.active_hashes()
+        self._hashes = self._keys.active_tenants()
         self._next_refresh = self._clock() + self._refresh_s
 
     async def ensure_fresh(self) -> None:
@@ -149,6 +159,7 @@ class RequireApiKey:
         if key is not None and self.guard.allows(key):
             if self.metrics is not None:
                 self.metrics.api_key_requests.labels(key[:PREFIX_LENGTH]).inc()
+            scope.setdefault("state", {})["tenant"] = self.guard.tenant_of(key)
             await self.app(scope, receive, send)
             return
         message = MISSING_KEY_MESSAGE if key is None else INVALID_KEY_MESSAGE

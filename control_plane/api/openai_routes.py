@@ -142,7 +142,8 @@ async def _serve(
     # The chat template and the tokenizer take a CPU second per MB of text: not on the loop.
     prepared = await asyncio.to_thread(service.prepare, parsed, fmt.id_prefix)
     formatter = fmt(prepared, parsed.model, plan)
-    admitted = service.admit(prepared)  # before any response: a 503 stays a 503
+    tenant = service.tenant(request.scope.get("state", {}).get("tenant"), parsed.user)
+    admitted = service.admit(prepared, tenant)  # before any response: a 503 stays a 503
     metrics = service.metrics
     metrics.input_tokens.labels(parsed.model).inc(len(prepared.prompt_ids))
     if parsed.stream:  # on_close: a body that never started still gives everything back

@@ -140,5 +140,6 @@ GENERATION_ERRORS = {
     "400": "invalid request: the message names the parameter",
     "404": "unknown model",
     "413": "request body too large",
+    "429": "the tenant (API key, else user) is over one of its limits (Retry-After)",
     "503": "no engine ready, or every engine overloaded (Retry-After)",
 }

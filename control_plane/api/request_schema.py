@@ -186,7 +186,10 @@ COMMON_FIELDS: tuple[Field, ...] = (
     ),
     Refused("logit_bias", "token biases", neutral=({},)),
     Accepted(
-        "user", "an end-user id; recorded nowhere, changes nothing", json_schema={"type": "string"}
+        "user",
+        "an end-user id: names the request's tenant when it has no API key of its own "
+        "(limited by the server's --tenant-* flags); changes nothing else",
+        json_schema={"type": "string"},
     ),
     Accepted("metadata", "tags for the caller; changes nothing", json_schema={"type": "object"}),
     Accepted(
@@ -311,6 +314,7 @@ def _request(
         stream=stream,
         include_usage=bool(options and options["include_usage"]),
         router_mode=values["router_mode"],
+        user=user if isinstance(user := values["user"], str) and user else None,
     )
 
 

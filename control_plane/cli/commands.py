@@ -139,7 +139,7 @@ def _server_options(
     """The ``ServerOptions`` the flags ask for."""
     from dynask.control_plane.cli.chat_flags import chat_options
     from dynask.control_plane.cli.planner_flags import planner_config
-    from dynask.control_plane.cli.reliability_flags import reliability_options
+    from dynask.control_plane.cli.reliability_flags import reliability_options, tenant_defaults
     from dynask.control_plane.flags import options_from
     from dynask.control_plane.routing.model_routing import RoutingOptions
     from dynask.control_plane.server import ServerOptions
@@ -152,6 +152,7 @@ def _server_options(
         n_workers=n_workers,
         disagg=disagg_options(args),
         reliability=reliability_options(args),
+        tenant_defaults=tenant_defaults(args),
         planner=planner_config(args),
         chat=chat_options(args),
     )

@@ -1,4 +1,6 @@
-"""``dynask keys create NAME | list | revoke PREFIX_OR_ID``: the API keys of ``/v1``.
+"""``dynask keys create NAME | list | revoke PREFIX_OR_ID | limits PREFIX_OR_ID``: the API
+keys of ``/v1`` and their tenant limits (``--requests-per-s``, ``--max-concurrent``,
+``--tokens-per-minute``, ``--priority``; on ``create`` and ``limits``).
 
 ``create`` prints the key alone on stdout (``KEY=$(dynask keys create ci)`` works) and a
 note on stderr; the key is shown this once and only its hash is stored.
@@ -10,7 +12,7 @@ import argparse
 import sys
 from datetime import datetime
 
-from dynask.control_plane.state.api_keys import ApiKey, ApiKeys
+from dynask.control_plane.state.api_keys import PRIORITIES, ApiKey, ApiKeys, TenantLimits
 from dynask.control_plane.state.database import default_database_url, make_engine, upgrade
 
 WHO = "cli"
@@ -24,10 +26,38 @@ def add_keys_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
     actions.add_parser("list", help="the keys: id, prefix, name, created, last used, state")
     revoke = actions.add_parser("revoke", help="refuse a key from now on")
     revoke.add_argument("key", metavar="PREFIX_OR_ID", help="its id or prefix (see list)")
-    for action in (create, actions.choices["list"], revoke):
+    limits = actions.add_parser("limits", help="set a key's tenant limits (omitted: none)")
+    limits.add_argument("key", metavar="PREFIX_OR_ID", help="its id or prefix (see list)")
+    for action in (create, limits):
+        add_limit_flags(action)
+    for action in (create, actions.choices["list"], revoke, limits):
         action.add_argument(
             "--database-url", default=None, help="default: $DYNASK_DATABASE_URL or SQLite"
         )
+
+
+def add_limit_flags(parser: argparse.ArgumentParser) -> None:
+    """The tenant-limit flags (``TenantLimits``'s fields)."""
+    parser.add_argument("--requests-per-s", type=float, default=None, help="request rate limit")
+    parser.add_argument("--max-concurrent", type=int, default=None, help="requests at once")
+    parser.add_argument(
+        "--tokens-per-minute",
+        type=int,
+        default=None,
+        help="prompt + max_tokens admitted per minute",
+    )
+    parser.add_argument(
+        "--priority",
+        choices=PRIORITIES,
+        default="normal",
+        help="priority class when the server is busy (default normal)",
+    )
+
+
+def limits_from_args(args: argparse.Namespace) -> TenantLimits:
+    return TenantLimits(
+        args.requests_per_s, args.max_concurrent, args.tokens_per_minute, args.priority
+    )
 
 
 def keys_command(args: argparse.Namespace) -> int:
@@ -36,13 +66,17 @@ def keys_command(args: argparse.Namespace) -> int:
         upgrade(engine)
         keys = ApiKeys(engine)
         if args.keys_action == "create":
-            made = keys.create(args.name, WHO)
+            made = keys.create(args.name, WHO, limits_from_args(args))
             print(made.key)
             print(
-                f"dynask: created API key {made.record.prefix}… ({made.record.name!r}); it is "
-                "shown this once. Send it as 'Authorization: Bearer KEY'.",
+                f"dynask: created API key {made.record.prefix}… ({made.record.name!r}; "
+                f"{made.record.limits.describe()}); it is shown this once. Send it as "
+                "'Authorization: Bearer KEY'.",
                 file=sys.stderr,
             )
+        elif args.keys_action == "limits":
+            changed = keys.set_limits(args.key, limits_from_args(args), WHO)
+            print(f"API key {changed.prefix}… ({changed.name!r}): {changed.limits.describe()}")
         elif args.keys_action == "list":
             print(format_keys(keys.list()))
         else:
@@ -57,7 +91,7 @@ def format_keys(keys: list[ApiKey]) -> str:
     """A plain table, one key a line, the newest first."""
     if not keys:
         return "no API keys; create one with `dynask keys create NAME`"
-    rows = [("ID", "PREFIX", "NAME", "CREATED", "LAST USED", "STATE")]
+    rows = [("ID", "PREFIX", "NAME", "CREATED", "LAST USED", "STATE", "LIMITS")]
     for key in keys:
         rows.append(
             (
@@ -67,6 +101,7 @@ def format_keys(keys: list[ApiKey]) -> str:
                 _when(key.created_at),
                 _when(key.last_used_at),
                 "active" if key.active else f"revoked {_when(key.revoked_at)}",
+                key.limits.describe(),
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]

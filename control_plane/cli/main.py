@@ -15,6 +15,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from dynask.control_plane.cli.admin_command import add_admin_parser, admin_command
 from dynask.control_plane.cli.chat_flags import add_chat_args
 from dynask.control_plane.cli.commands import ENGINE_FORMS, IN_MODES, run_command, serve_command
 from dynask.control_plane.cli.disagg_flags import add_disagg_arguments
@@ -35,6 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_run(commands.add_parser("run", help="run a model with everything embedded"))
     _add_serve(commands.add_parser("serve", help="the control plane of an existing Dask cluster"))
     add_keys_parser(commands)
+    add_admin_parser(commands)
     db = commands.add_parser("db", help="database maintenance")
     db.add_argument("action", choices=["upgrade", "current"], help="upgrade to the newest schema")
     db.add_argument("--database-url", default=None, help="default: $DYNASK_DATABASE_URL or SQLite")
@@ -134,6 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return command(args, extensions=[admin_extension])
         if args.command == "keys":
             return keys_command(args)
+        if args.command == "admin":
+            return admin_command(args)
         return _db_command(args)
     except (ValueError, FileNotFoundError, KeyError, ServingError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +32,7 @@ from dynask.control_plane.cluster import adoption as actor_adoption
 from dynask.control_plane.cluster.plan import engine_spec
 from dynask.control_plane.reliability.actor_health import ActorHealth
 from dynask.control_plane.serving.actor_handle import ActorHandle
+from dynask.control_plane.serving.readiness import DeploymentReadiness, deployment_readiness
 from dynask.control_plane.serving.service import ServingService
 from dynask.control_plane.state.deployment import DeploymentSpec, Role
 
@@ -253,6 +255,11 @@ class ClusterRuntime:
                 found.name, "ready", {**details, "stream_address": found.info.stream_address}
             )
             log.info("adopted running engine actor %s on %s", found.name, handle.worker)
+
+    def readiness(self) -> list[DeploymentReadiness]:
+        """Each deployment's wanted replicas against its engine actors that serve now."""
+        ready = Counter(h.deployment for h in self._handles.values() if not h.broken)
+        return deployment_readiness({d.name: d.replicas for d in self.deployments}, ready)
 
     async def refresh_stats(self) -> None:
         for handle in list(self._handles.values()):

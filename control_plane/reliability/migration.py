@@ -8,19 +8,17 @@ on from where it was, with no token repeated and none missing.
 
 Design decisions:
 
-- Resume point. A delta can carry tokens whose text the engine held back (the first
-  bytes of a multi-byte character, or text that might still become a stop string). The
-  client has not seen that text, and the new engine would treat those tokens as prompt
-  and never show it. So the request resumes after the last delta that carried text: the
-  tokens after it are generated again by the new actor, which then emits their text in
-  full. For greedy decoding the regenerated tokens are the same ones.
-- What can be rebuilt. A greedy request (``SamplingParams.greedy``) continues
-  exactly: the built-in engine's output is a function of the tokens so far. A request
-  whose client has seen no text yet is re-issued as it was (a seeded one gives the same
-  tokens). A *sampled* request that has shown text is refused: its generator's state
-  after N draws lives only in the lost actor, and resuming with a fresh generator would
-  silently give a different continuation than the one the seed promises. The error says
-  so and what to do (temperature 0 for requests that must survive a worker loss).
+- Resume point: the tokens the client has (``stream_progress``: deltas whose text the
+  engine still held wait until text comes, so nothing the client got is regenerated).
+  Text the lost engine held back as a possible stop-string prefix is rebuilt with the
+  tokenizer and joined to the next attempt's text, where a stop string that straddles
+  the migration point still ends the request (``resume_text``).
+- Sampled requests move too. The built-in engine draws each token from a generator
+  seeded by (request seed, position), so a greedy or *seeded* request continues exactly
+  as it would have on the lost actor. An unseeded sampled request continues from the
+  tokens shown with a fresh seed the new engine picks: as valid a sample as the lost one.
+  A seeded request on another engine (vLLM keeps one stateful generator per request) is
+  refused once it has shown tokens: its promised continuation is gone with the actor.
 - Bounded: at most ``migration_limit`` moves per request, and a moving request waits at
   most ``migration_wait_s`` for a ready actor (with one replica, the reconciler's
   replacement). Every refusal is an ``UnavailableError`` (code ``engine_lost``) that
@@ -40,11 +38,15 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
+from typing import cast
 
 from dynask.actors.api.outputs import FinishReason, RequestOutput, Usage
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.control_plane.reliability.options import ReliabilityOptions
+from dynask.control_plane.reliability.resume_text import StopCarry, held_back_text
+from dynask.control_plane.reliability.stream_progress import StreamProgress
 from dynask.control_plane.serving.actor_handle import ActorUnavailableError
 from dynask.control_plane.serving.admitted_request import AdmittedRequest
 from dynask.control_plane.serving.errors import UnavailableError
@@ -57,31 +59,9 @@ log = logging.getLogger(__name__)
 _PLACE_RETRY_S = (0.05, 0.1, 0.2, 0.5)  # waits between tries to find a ready actor
 
 
-@dataclasses.dataclass
-class StreamProgress:
-    """What the client of one request has received so far."""
-
-    prompt_ids: list[int]
-    max_tokens: int
-    sent: list[int] = dataclasses.field(default_factory=list)  # token ids handed out
-    shown: int = 0  # tokens through the last delta that carried text: the resume point
-
-    def note(self, outputs: list[RequestOutput]) -> None:
-        for output in outputs:
-            self.sent.extend(output.token_ids)
-            if output.text:
-                self.shown = len(self.sent)
-
-    def resume_prompt(self) -> list[int]:
-        return self.prompt_ids + self.sent[: self.shown]
-
-    def rewind(self) -> None:
-        """Forgets the tokens after the resume point: the next actor generates them again."""
-        del self.sent[self.shown :]
-
-    @property
-    def remaining(self) -> int:
-        return self.max_tokens - self.shown
+# Engines whose sampled tokens are a function of (seed, position): a seeded request
+# moved between them continues exactly (the built-in engine, ``actors.engine.sampling``).
+POSITION_SEEDED_ENGINES = frozenset({"torch"})
 
 
 class RequestMigration:
@@ -99,46 +79,58 @@ class RequestMigration:
         released by ``admitted`` itself, not here."""
         original = admitted.prepared
         progress = StreamProgress(original.prompt_ids, original.params.max_tokens)
-        moves = 0
+        moves, carry = 0, None
         while True:
             try:
-                async for outputs in self._attempt(admitted, progress):
+                async for outputs in self._attempt(admitted, progress, carry):
                     yield outputs
                 return
             except ActorUnavailableError as exc:
-                lost = admitted.actor.name
+                lost, engine = admitted.actor.name, admitted.actor.info.engine
                 admitted.leave_actor()
-                self._check_movable(original, progress, lost, moves, exc)
+                self._check_movable(original, progress, (lost, engine), moves, exc)
                 moves += 1
-                progress.rewind()
+                progress.drop_held()
+                carry = _stop_carry(original, progress)
                 if progress.remaining < 1:  # every token was out: only the end was lost
-                    yield [_length_finish(original.request_id, progress)]
+                    yield [_length_finish(original.request_id, progress, carry)]
                     return
                 admitted.move_to(await self._move(original, progress, moves, lost))
 
     async def _attempt(
-        self, admitted: AdmittedRequest, progress: StreamProgress
+        self, admitted: AdmittedRequest, progress: StreamProgress, carry: StopCarry | None
     ) -> AsyncIterator[list[RequestOutput]]:
         placement = admitted.placement
         prepared = placement.prepared
         submit = self.placer.submitter(placement)
         first = True
-        async for outputs in placement.actor.generate(
-            prepared.request_id, prepared.prompt_ids, prepared.params, submit
-        ):
-            if first:
-                admitted.first_token()
-                first = False
-            if prepared.prompt_ids is not progress.prompt_ids:
-                outputs = [whole_request_usage(o, progress) for o in outputs]
-            progress.note(outputs)
-            yield outputs
+        deltas = cast(  # an async generator: closed at once when a carried stop ends it
+            AsyncGenerator[list[RequestOutput], None],
+            placement.actor.generate(
+                prepared.request_id, prepared.prompt_ids, prepared.params, submit
+            ),
+        )
+        async with aclosing(deltas):
+            async for batch in deltas:
+                if first:
+                    admitted.first_token()
+                    first = False
+                outputs = batch
+                if prepared.prompt_ids is not progress.prompt_ids:
+                    outputs = [whole_request_usage(o, progress) for o in outputs]
+                if carry is not None:
+                    outputs = _carried(carry, outputs, progress)
+                released = progress.release(outputs)
+                if released:
+                    yield released
+                if outputs[-1].finished:
+                    return
 
     def _check_movable(
         self,
         original: PreparedRequest,
         progress: StreamProgress,
-        lost: str,
+        lost: tuple[str, str],
         moves: int,
         cause: Exception,
     ) -> None:
@@ -153,25 +145,26 @@ class RequestMigration:
         self,
         original: PreparedRequest,
         progress: StreamProgress,
-        lost: str,
+        lost: tuple[str, str],
         moves: int,
         cause: Exception,
     ) -> tuple[str, str] | None:
-        shown, limit = progress.shown, self.options.migration_limit
+        (name, engine), limit = lost, self.options.migration_limit
         if moves >= limit:
             return "limit", (
-                f"engine actor {lost} was lost ({cause}) and request {original.request_id} "
+                f"engine actor {name} was lost ({cause}) and request {original.request_id} "
                 f"has already moved {moves} times (--migration-limit {limit}); it was not "
-                f"moved again after {shown} tokens"
+                f"moved again after {len(progress.sent)} tokens"
             )
-        if shown and not original.params.greedy:
-            temperature = original.params.temperature
-            return "sampled", (
-                f"engine actor {lost} was lost after {shown} tokens of request "
-                f"{original.request_id} had been sent; it samples (temperature={temperature}) "
-                "and its random state cannot be rebuilt on another engine, so it was not "
-                "continued there (that would silently change the continuation); retry it, "
-                "or send temperature 0 for requests that must survive a worker loss"
+        params = original.params
+        seeded = params.seed is not None and not params.greedy
+        if seeded and progress.sent and engine not in POSITION_SEEDED_ENGINES:
+            return "seeded", (
+                f"engine actor {name} was lost after {len(progress.sent)} tokens of request "
+                f"{original.request_id}; its engine ({engine}) draws seeded tokens from a "
+                "generator whose state was lost with it, so the continuation its seed promises "
+                "cannot be rebuilt elsewhere; retry it (or send it without a seed: unseeded "
+                "requests move with a fresh one)"
             )
         return None
 
@@ -183,11 +176,11 @@ class RequestMigration:
         lost: str,
     ) -> Placement:
         # A grammar replays the tokens the client has (they end the resumed prompt).
-        params = _grammar_resumed(original.params, progress.shown)
+        params = _grammar_resumed(original.params, len(progress.sent))
         resumed = dataclasses.replace(
             original,
             request_id=f"{original.request_id}-m{moves}",
-            prompt_ids=progress.resume_prompt() if progress.shown else original.prompt_ids,
+            prompt_ids=progress.resume_prompt() if progress.sent else original.prompt_ids,
             params=dataclasses.replace(params, max_tokens=progress.remaining),
         )
         deadline = time.monotonic() + self.options.migration_wait_s
@@ -203,7 +196,7 @@ class RequestMigration:
                         f"engine actor {lost} was lost and no other engine of model "
                         f"'{original.model.name}' took request {original.request_id} within "
                         f"{self.options.migration_wait_s:g} s ({exc.message}); it stopped "
-                        f"after {progress.shown} tokens",
+                        f"after {len(progress.sent)} tokens",
                         code="engine_lost",
                     ) from exc
                 await asyncio.sleep(_PLACE_RETRY_S[min(tries, len(_PLACE_RETRY_S) - 1)])
@@ -214,7 +207,7 @@ class RequestMigration:
             original.request_id,
             lost,
             placement.actor.name,
-            progress.shown,
+            len(progress.sent),
             moves,
         )
         return placement
@@ -234,10 +227,42 @@ def whole_request_usage(output: RequestOutput, progress: StreamProgress) -> Requ
     return dataclasses.replace(output, usage=usage)
 
 
-def _length_finish(request_id: str, progress: StreamProgress) -> RequestOutput:
+def _stop_carry(original: PreparedRequest, progress: StreamProgress) -> StopCarry | None:
+    """What joins the lost engine's held-back text to the next attempt's (stop strings)."""
+    stops = original.params.stop
+    if not stops or not progress.sent:
+        return None
+    held = held_back_text(
+        original.model.tokenizer,
+        original.prompt_ids,
+        progress.sent,
+        progress.shown_text,
+        original.params.skip_special_tokens,
+    )
+    return StopCarry(held, stops)
+
+
+def _carried(
+    carry: StopCarry, outputs: list[RequestOutput], progress: StreamProgress
+) -> list[RequestOutput]:
+    """``outputs`` through ``carry``, ending at the first delta a straddling stop ends."""
+    carried = []
+    tokens = len(progress.sent) + sum(len(o.token_ids) for o in progress.held)
+    for output in outputs:
+        tokens += len(output.token_ids)
+        carried.append(carry.apply(output, Usage(len(progress.prompt_ids), tokens, 0)))
+        if carried[-1].finished:
+            break
+    return carried
+
+
+def _length_finish(
+    request_id: str, progress: StreamProgress, carry: StopCarry | None
+) -> RequestOutput:
     """The final delta of a request whose every token had reached the client."""
-    usage = Usage(len(progress.prompt_ids), progress.shown, 0)
-    return RequestOutput(request_id, "", (), FinishReason.LENGTH, usage=usage)
+    usage = Usage(len(progress.prompt_ids), len(progress.sent), 0)
+    final = RequestOutput(request_id, "", (), FinishReason.LENGTH, usage=usage)
+    return final if carry is None else carry.apply(final, usage)
 
 
 def _grammar_resumed(params: SamplingParams, generated_tokens: int) -> SamplingParams:

@@ -1,6 +1,7 @@
 """``AdmittedRequest``: the one owner of everything an admitted request holds.
 
-A request, once admitted, holds three things: its admission slot (``Admission``: the
+A request, once admitted, holds four things: its place in its tenant's limits
+(``tenants.TenantSlot``), its admission slot (``Admission``: the
 in-flight count and its queued prefill tokens), its count in its actor's load and, when
 disaggregated, its prefill plan (the last two in a ``Placement``). They are taken in
 ``admit`` and given back by ``release``, exactly once, whatever path the request ends on:
@@ -19,26 +20,43 @@ from dynask.control_plane.serving.actor_handle import ActorHandle
 from dynask.control_plane.serving.admission import Admission
 from dynask.control_plane.serving.placer import Placement, Placer
 from dynask.control_plane.serving.request import PreparedRequest
+from dynask.control_plane.serving.tenants import TenantSlot
 
 
 class AdmittedRequest:
     """An admitted request and what it holds; see the module docstring."""
 
-    def __init__(self, prepared: PreparedRequest, admission: Admission) -> None:
+    def __init__(
+        self, prepared: PreparedRequest, admission: Admission, tenant: TenantSlot | None = None
+    ) -> None:
         self.prepared = prepared
         self._admission = admission
+        self._tenant = tenant
         self._placement: Placement | None = None
         self._released = False
 
     @classmethod
     def admit(
-        cls, prepared: PreparedRequest, admission: Admission, placer: Placer
+        cls,
+        prepared: PreparedRequest,
+        admission: Admission,
+        placer: Placer,
+        tenant: TenantSlot | None = None,
     ) -> AdmittedRequest:
-        """Takes the request's admission slot, then places it; raises the
-        ``AdmissionRefusedError`` or ``UnavailableError`` that refused it (holding
-        nothing then)."""
-        admission.admit(prepared.request_id, len(prepared.prompt_ids))
-        admitted = cls(prepared, admission)
+        """Takes the request's place in its tenant's limits, its admission slot, then
+        places it; raises the ``TenantLimitError``, ``AdmissionRefusedError`` or
+        ``UnavailableError`` that refused it (holding nothing then)."""
+        request_id, prompt_tokens = prepared.request_id, len(prepared.prompt_ids)
+        if tenant is not None:
+            tokens = prompt_tokens + prepared.params.max_tokens
+            tenant.take(request_id, tokens, admission.in_flight, admission.max_in_flight)
+        try:
+            admission.admit(request_id, prompt_tokens)
+        except BaseException:
+            if tenant is not None:
+                tenant.release(request_id)
+            raise
+        admitted = cls(prepared, admission, tenant)
         try:
             admitted._placement = placer.place(prepared)
         except BaseException:
@@ -88,6 +106,8 @@ class AdmittedRequest:
         self._released = True
         self.leave_actor()
         self._admission.release(self.request_id)
+        if self._tenant is not None:
+            self._tenant.release(self.request_id)
 
     def __enter__(self) -> AdmittedRequest:
         return self

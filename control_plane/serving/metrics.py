@@ -231,6 +231,22 @@ class ServingMetrics:
             ["limit"],
             registry=r,
         )
+        self.tenant_requests = Counter(
+            "dynask_tenant_requests",
+            "Requests by tenant (API key or user) and outcome: admitted, a limit's name "
+            "(answered 429), or shed (503 for its priority class)",
+            ["tenant", "outcome"],
+            registry=r,
+        )
+        self.tenant_in_flight = Gauge(
+            "dynask_tenant_in_flight", "Requests in flight by tenant", ["tenant"], registry=r
+        )
+        self.tenant_tokens = Counter(
+            "dynask_tenant_admitted_tokens",
+            "Prompt + max_tokens of the requests admitted, by tenant",
+            ["tenant"],
+            registry=r,
+        )
         for limit in ADMISSION_LIMITS:
             self.admission_refused.labels(limit)
         for reason in LOSS_REASONS:

@@ -31,6 +31,7 @@ class GenerationRequest:
     include_usage: bool
     router_mode: str | None = None  # None: the server's default
     prompt_field: str | None = None  # the field errors about the prompt name (chat: messages)
+    user: str | None = None  # the ``user`` field: names the tenant of a request without a key
 
     @property
     def prompt_param(self) -> str:

@@ -37,6 +37,8 @@ from dynask.control_plane.serving.metrics import ServingMetrics
 from dynask.control_plane.serving.placer import Placer
 from dynask.control_plane.serving.request import GenerationRequest, PreparedRequest, ServedModel
 from dynask.control_plane.serving.structured_output_support import refuse_unless_served
+from dynask.control_plane.serving.tenants import ANONYMOUS, Tenant, TenantGate
+from dynask.control_plane.state.api_keys import KeyTenant, TenantLimits
 
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # OpenAI's code for a context overflow
 # A prompt is refused before tokenizing when its text, at this many bytes per token (about
@@ -54,8 +56,13 @@ class ServingService:
         routing: RoutingOptions | None = None,
         disagg: DisaggOptions | None = None,
         reliability: ReliabilityOptions | None = None,
+        tenant_defaults: TenantLimits | None = None,
     ) -> None:
         self.metrics = metrics
+        self.tenant_defaults = tenant_defaults or TenantLimits()  # for user / anonymous
+        self.tenants = TenantGate(
+            observe=lambda tenant, in_flight: metrics.tenant_in_flight.labels(tenant).set(in_flight)
+        )
         self.routing = routing or RoutingOptions()
         self.disagg = DisaggOrchestrator(disagg)
         metrics.watch_disagg(self.disagg.counters)
@@ -176,12 +183,23 @@ class ServingService:
             )
         return prompt
 
-    def admit(self, prepared: PreparedRequest) -> AdmittedRequest:
-        """Admits the request and places it on an actor; an ``UnavailableError`` (a 503
-        over HTTP) at an admission limit, when no actor is ready or every one is at an
-        overload threshold."""
+    def tenant(self, key: KeyTenant | None, user: str | None) -> Tenant:
+        """Who a request counts against: its API key, else its ``user`` field, else
+        ``anonymous`` (the last two with the server's default limits)."""
+        if key is not None:
+            return Tenant(key.name, key.limits)
+        return Tenant(f"user:{user}" if user else ANONYMOUS, self.tenant_defaults)
+
+    def admit(self, prepared: PreparedRequest, tenant: Tenant | None = None) -> AdmittedRequest:
+        """Admits the request and places it on an actor; a ``TenantLimitError`` (a 429
+        over HTTP) when its tenant is over a limit, an ``UnavailableError`` (a 503) at an
+        admission limit (or its priority class's band of it), when no actor is ready or
+        every one is at an overload threshold."""
+        tenant = tenant or Tenant(ANONYMOUS, self.tenant_defaults)
         try:
-            return AdmittedRequest.admit(prepared, self.admission, self.placer)
+            return AdmittedRequest.admit(
+                prepared, self.admission, self.placer, self.tenants.slot(tenant, self.metrics)
+            )
         except AdmissionRefusedError as exc:
             self.metrics.admission_refused.labels(exc.limit).inc()
             raise

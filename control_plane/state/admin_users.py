@@ -7,7 +7,10 @@ Design decisions:
 - A wrong user name and a wrong password take the same path (a hash is computed for a
   dummy account too), so the answer's timing does not tell which one was wrong.
 - ``ensure_admin`` runs on every start but creates the account only once; a generated
-  password is returned once to be printed, and never stored in clear.
+  password is returned once to be printed, and never stored in clear. A password given
+  (``$DYNASK_ADMIN_PASSWORD``) that differs from the stored one is applied, and the caller
+  says so: setting the variable after the first start must not silently do nothing.
+- ``set_password`` (``dynask admin set-password``) changes a password without a start.
 """
 
 from __future__ import annotations
@@ -79,6 +82,7 @@ class CreatedAdmin:
     user: AdminUser
     created: bool
     generated_password: str | None = None
+    password_changed: bool = False  # an existing account took the password given
 
 
 class AdminUsers:
@@ -89,11 +93,7 @@ class AdminUsers:
 
     def create(self, username: str, password: str) -> AdminUser:
         """Stores a new account; ValueError if the name is taken or the password too short."""
-        if len(password) < MIN_PASSWORD_LENGTH:
-            raise ValueError(
-                f"Admin 'password' is {len(password)} characters long; "
-                f"expected at least {MIN_PASSWORD_LENGTH}"
-            )
+        _check_password(password)
         try:
             with self._sessions.begin() as session:
                 row = AdminUserRow(
@@ -120,10 +120,30 @@ class AdminUsers:
             row.last_login_at = utcnow()
             return _user(row)
 
+    def _verifies(self, username: str, password: str) -> bool:
+        """``password`` is the account's (no login noted)."""
+        with self._sessions.begin() as session:
+            row = session.scalar(select(AdminUserRow).where(AdminUserRow.username == username))
+            return row is not None and verify_password(password, row.password_hash)
+
+    def set_password(self, username: str, password: str) -> AdminUser:
+        """Replaces the account's password; ValueError if it is unknown or too short."""
+        _check_password(password)
+        with self._sessions.begin() as session:
+            row = session.scalar(select(AdminUserRow).where(AdminUserRow.username == username))
+            if row is None:
+                raise ValueError(f"Admin {username!r} does not exist")
+            row.password_hash = hash_password(password)
+            return _user(row)
+
     def ensure_admin(self, password: str | None) -> CreatedAdmin:
-        """Creates the ``admin`` account once, with ``password`` or a generated one."""
+        """Creates the ``admin`` account once, with ``password`` or a generated one; on
+        later starts applies ``password`` if it is not the stored one."""
         existing = self.get(ADMIN_USERNAME)
         if existing is not None:
+            if password and not self._verifies(ADMIN_USERNAME, password):
+                user = self.set_password(ADMIN_USERNAME, password)
+                return CreatedAdmin(user, created=False, password_changed=True)
             return CreatedAdmin(existing, created=False)
         generated = None if password else secrets.token_urlsafe(12)
         try:
@@ -134,6 +154,14 @@ class AdminUsers:
                 raise
             return CreatedAdmin(raced, created=False)
         return CreatedAdmin(user, created=True, generated_password=generated)
+
+
+def _check_password(password: str) -> None:
+    if len(password) < MIN_PASSWORD_LENGTH:
+        raise ValueError(
+            f"Admin 'password' is {len(password)} characters long; "
+            f"expected at least {MIN_PASSWORD_LENGTH}"
+        )
 
 
 def _user(row: AdminUserRow) -> AdminUser:

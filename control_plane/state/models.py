@@ -20,6 +20,7 @@ from sqlalchemy import (
     CheckConstraint,
     DateTime,
     Dialect,
+    Float,
     ForeignKey,
     Integer,
     MetaData,
@@ -162,6 +163,11 @@ class ApiKeyRow(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_used_at: Mapped[datetime | None]
     revoked_at: Mapped[datetime | None]
+    # The key's tenant limits (None: no limit) and priority class (``api_keys.TenantLimits``).
+    requests_per_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    max_concurrent: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    tokens_per_minute: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    priority: Mapped[str] = mapped_column(String(16), default="normal", server_default="normal")
 
 
 class GraphRow(Base):

@@ -258,6 +258,22 @@ class Repository:
             row.updated_at = utcnow()
             return _record(ActorInstance, row, deployment_name=deployment_name)
 
+    def close_stale_actors(self, who: str, reason: str) -> int:
+        """Marks every ``starting``/``ready`` actor row ``lost`` with ``reason`` (a control
+        plane starting: rows its predecessor left when it was killed; the actors still
+        running are recorded again as it adopts them). Returns how many rows changed."""
+        with self._sessions.begin() as session:
+            rows = session.scalars(
+                select(ActorInstanceRow).where(ActorInstanceRow.status.in_(("starting", "ready")))
+            ).all()
+            now = utcnow()
+            for row in rows:
+                row.status, row.error, row.updated_at = "lost", reason, now
+            if rows:
+                details = {"actors": len(rows), "reason": reason}
+                _add_event(session, who, "actor.stale_closed", "actors", details)
+            return len(rows)
+
     def list_actors(self, deployment_name: str | None = None) -> list[ActorInstance]:
         """Actor instances in creation order, of one deployment or of all."""
         criteria = [] if deployment_name is None else [DeploymentRow.name == deployment_name]

@@ -7,6 +7,7 @@ or ``Authorization: Bearer`` (``key_guard``).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -74,9 +75,13 @@ async def _messages(service: ServingService, options: ChatOptions, request: Requ
     started = time.monotonic()
     parsed = parse_messages(await read_json(request))
     body = parsed.chat_body
-    chat, plan = render_chat_request(service, parse_chat(body), parse_tool_request(body), options)
-    prepared = service.prepare(chat, "msg")
-    admitted = service.admit(prepared)
+    # templating and tokenizing take a CPU second per MB of text: not on the event loop
+    chat, plan = await asyncio.to_thread(
+        render_chat_request, service, parse_chat(body), parse_tool_request(body), options
+    )
+    prepared = await asyncio.to_thread(service.prepare, chat, "msg")
+    key_tenant = request.scope.get("state", {}).get("tenant")
+    admitted = service.admit(prepared, service.tenant(key_tenant, chat.user))
     message_id = "msg_" + prepared.request_id.split("-", 1)[1]
     writer = MessageWriter(message_id, parsed.model, len(prepared.prompt_ids))
     reply = _Reply(admitted, plan, writer)

@@ -133,9 +133,13 @@ async def _create(
     conversation = [*history, *parsed.input_messages]
     system = [{"role": "system", "content": parsed.instructions}] if parsed.instructions else []
     body = {**parsed.chat_body, "messages": [*system, *conversation]}
-    chat, plan = render_chat_request(service, parse_chat(body), parse_tool_request(body), options)
-    prepared = service.prepare(chat, "resp")
-    admitted = service.admit(prepared)
+    # templating and tokenizing take a CPU second per MB of text: not on the event loop
+    chat, plan = await asyncio.to_thread(
+        render_chat_request, service, parse_chat(body), parse_tool_request(body), options
+    )
+    prepared = await asyncio.to_thread(service.prepare, chat, "resp")
+    key_tenant = request.scope.get("state", {}).get("tenant")
+    admitted = service.admit(prepared, service.tenant(key_tenant, chat.user))
     exchange = _Exchange(parsed, conversation, admitted, plan, store)
     if parsed.stream:
         events = _stream(service, exchange, started)

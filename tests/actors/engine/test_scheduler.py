@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from dynask.actors.api.outputs import FinishReason
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.engine.detokenizer import IncrementalDetokenizer
@@ -26,7 +24,7 @@ def _seq(name: str, num_tokens: int, max_tokens: int = 100) -> Sequence:
         prompt_token_ids=prompt,
         params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
         detokenizer=IncrementalDetokenizer(_NoText(), prompt),
-        generator=torch.Generator(),
+        seed=0,
         hash_seed=DEFAULT_SEED,
     )
 

@@ -4,6 +4,8 @@ token stream for deltas, errors that keep their type across the actor boundary."
 from __future__ import annotations
 
 import asyncio
+import gc
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -213,3 +215,56 @@ def test_a_kv_cache_dump_survives_the_wire_and_garbage_is_refused() -> None:
     assert unpack_kv_dump(pack_kv_dump(dump)) == dump
     with pytest.raises(ValueError, match="a KV cache dump must be a msgpack map, got list"):
         unpack_kv_dump(b"\x91\x01")
+
+
+def test_an_actor_freed_without_stop_stops_its_engine_thread(smollm2_folder: Path) -> None:
+    def echo_threads() -> int:
+        return sum(1 for t in threading.enumerate() if t.name == "dynask-echo")
+
+    async def main() -> None:
+        async with (
+            LocalCluster(
+                n_workers=1, processes=False, asynchronous=True, dashboard_address=None
+            ) as cluster,
+            Client(cluster, asynchronous=True, direct_to_workers=True) as client,
+        ):
+            before = echo_threads()
+            future = client.submit(EngineActor, EngineSpec(kind="echo"), "freed-0", actor=True)
+            proxy = await future
+            await proxy.start()
+            assert echo_threads() == before + 1
+            del proxy
+            future.release()  # what a control plane that died leaves behind
+            deadline = time.monotonic() + 30
+            while echo_threads() > before and time.monotonic() < deadline:
+                gc.collect()
+                await asyncio.sleep(0.1)
+            assert echo_threads() == before
+
+    asyncio.run(main())
+
+
+def test_requests_whose_stream_lost_its_last_reader_are_aborted() -> None:
+    spec = EngineSpec(kind="echo", engine_args={"delay_s": 0.05})  # 400 tokens: 20 s
+
+    async def main() -> None:
+        async with (
+            LocalCluster(
+                n_workers=1, processes=False, asynchronous=True, dashboard_address=None
+            ) as cluster,
+            Client(cluster, asynchronous=True, direct_to_workers=True) as client,
+        ):
+            proxy = await client.submit(EngineActor, spec, "unread-0", actor=True)
+            info = ActorInfo.from_dict(await proxy.start())
+            handle = ActorHandle(name="unread-0", deployment="d", proxy=proxy, info=info)
+            await handle.connect()
+            stream = handle.generate("r1", list(range(100, 500)), SamplingParams(max_tokens=400))
+            await anext(stream)  # running, its deltas arriving
+            await handle.close()  # the control plane is gone: nobody reads the deltas
+            deadline = time.monotonic() + 10
+            while (await proxy.stats())["num_running"] and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            assert (await proxy.stats())["num_running"] == 0
+            await proxy.stop()
+
+    asyncio.run(main())

@@ -34,9 +34,9 @@ REFRESH_S = 2.0
 class CountingKeys(ApiKeys):
     loads = 0
 
-    def active_hashes(self):  # type: ignore[no-untyped-def]
+    def active_tenants(self):  # type: ignore[no-untyped-def]
         self.loads += 1
-        return super().active_hashes()
+        return super().active_tenants()
 
 
 @dataclass

@@ -154,6 +154,11 @@ def test_client_disconnect_aborts_and_frees_blocks(tiny_server: str) -> None:
 def test_health_live_metrics_openapi(tiny_server: str) -> None:
     health = httpx.get(f"{tiny_server}/health").json()
     assert health["status"] == "ready" and len(health["engines"]) == 2
+    ready = httpx.get(f"{tiny_server}/ready").json()
+    assert ready == {
+        "status": "ready",
+        "deployments": [{"name": "default", "replicas": 2, "ready": 2}],
+    }
     assert httpx.get(f"{tiny_server}/live").json() == {"status": "live"}
     metrics = httpx.get(f"{tiny_server}/metrics").text
     assert 'dynask_requests_total{endpoint="chatcmpl",model="tiny",status="ok"}' in metrics

@@ -29,6 +29,7 @@ pytestmark = pytest.mark.slow  # starts a cluster with two engine actors
 
 TINY = {"kv_cache_gib": 0.05}
 MAX_TOKENS = 160
+_OUTPUT_TOKENS = f'dynask_output_tokens_total{{model="{MODEL}"}}'
 
 
 def _run(
@@ -112,21 +113,34 @@ def test_streams_continue_on_the_other_actor_with_the_same_greedy_tokens(
     _run(tiny_llama_folder, body)
 
 
-def test_a_sampled_request_that_showed_text_is_not_moved(tiny_llama_folder: Path) -> None:
+def test_sampled_requests_move_and_seeded_ones_continue_exactly(tiny_llama_folder: Path) -> None:
+    seeded_prompts = [tokens(seed=200 + i, blocks=1, extra=i) for i in range(3)]
+    unseeded_prompts = [tokens(seed=210 + i, blocks=1, extra=i) for i in range(3)]
+
     async def body(stack: Stack) -> None:
-        stream = await _open(stack, tokens(seed=200, blocks=1), temperature=0.8, seed=7)
-        await _first_text(stream)
+        undisturbed = []
+        for i, prompt in enumerate(seeded_prompts):
+            stream = await _open(stack, prompt, temperature=1.0, seed=7 + i)
+            undisturbed.append(await _finish(stream, []))
+        before = _metric((await stack.http.get("/metrics")).text, _OUTPUT_TOKENS)
+
+        streams = [
+            await _open(stack, prompt, temperature=1.0, seed=7 + i)
+            for i, prompt in enumerate(seeded_prompts)
+        ] + [await _open(stack, prompt, temperature=1.0) for prompt in unseeded_prompts]
+        shown = [await _first_text(stream) for stream in streams]
         await _stop_busiest(stack)
+        moved = await asyncio.gather(
+            *(_finish(s, list(t)) for s, t in zip(streams, shown, strict=True))
+        )
 
-        with pytest.raises(openai.APIError) as caught:
-            await _finish(stream, [])
-
-        message = str(caught.value)
-        assert "it samples (temperature=0.8)" in message
-        assert "send temperature 0 for requests that must survive a worker loss" in message
+        assert moved[:3] == undisturbed  # seeded: token for token
+        for (text, count), seen in zip(moved[3:], shown[3:], strict=True):
+            assert count == MAX_TOKENS and text.startswith("".join(seen))
         metrics = (await stack.http.get("/metrics")).text
-        refused = f'dynask_migrations_refused_total{{model="{MODEL}",reason="sampled"}}'
-        assert _metric(metrics, refused) == 1.0
+        assert _metric(metrics, f'dynask_migrations_total{{model="{MODEL}"}}') >= 1
+        # Every token counted once, regenerated ones included.
+        assert _metric(metrics, _OUTPUT_TOKENS) - before == 6 * MAX_TOKENS
 
     _run(tiny_llama_folder, body)
 

@@ -2,16 +2,19 @@
 
 One ``dask scheduler``, three ``dask worker`` processes (no nanny, so the test kills
 exactly the process it means), ``dynask serve`` with three replicas of the tiny random
-Llama, greedy requests through the official ``openai`` client. The tests run in order
+Llama, requests through the official ``openai`` client. The tests run in order
 on one cluster; each leaves three engines serving:
 
 1. ``kill -9`` of the worker busiest with 50 streams: all 50 finish with exactly
    ``max_tokens`` tokens and the same text as an undisturbed run; a new worker gets a
    recreated actor.
-2. ``SIGSTOP`` of a busy worker: the heartbeats notice (Dask would not for 5 minutes),
+2. The same with 30 streams at temperature 1.0 (the OpenAI default), half of them
+   seeded: all 30 finish with ``max_tokens`` tokens, the seeded ones with the text of an
+   undisturbed run, the unseeded ones continuing the text they had shown.
+3. ``SIGSTOP`` of a busy worker: the heartbeats notice (Dask would not for 5 minutes),
    its streams move and finish; after ``SIGCONT`` its orphaned actor is stopped and a
    new one is placed there.
-3. ``kill -9`` of the control plane: the restarted one (no deploy file) adopts the
+4. ``kill -9`` of the control plane: the restarted one (no deploy file) adopts the
    running actors instead of reloading them, and serves.
 """
 
@@ -28,6 +31,8 @@ import httpx
 import openai
 import pytest
 
+from dynask.control_plane.state.database import make_engine
+from dynask.control_plane.state.repository import Repository
 from tests.control_plane import server_process as sp
 from tests.control_plane.dask_processes import DaskProcesses
 from tests.control_plane.routing_stack import tokens
@@ -37,6 +42,7 @@ pytestmark = pytest.mark.slow
 MODEL = "tiny"
 MAX_TOKENS = 96
 STREAMS = 50
+SAMPLED_STREAMS = 30
 HEARTBEAT = ["--heartbeat-interval", "0.25", "--heartbeat-timeout", "3"]
 
 
@@ -49,6 +55,7 @@ class Served:
         self.db = f"sqlite:///{folder / 'state.db'}"
         self.proc: subprocess.Popen[bytes] | None = None
         self.base = ""
+        self.log = folder / "serve.log"
         self.start(deploy)
 
     def start(self, deploy: Path | None = None) -> None:
@@ -58,6 +65,7 @@ class Served:
         argv += ["--port", str(port), "--database-url", self.db, "--no-require-api-key"]
         argv += HEARTBEAT + (["-f", str(deploy)] if deploy else [])
         self.proc = sp.start(argv, log)
+        self.log = log
         self.base = f"http://127.0.0.1:{port}"
         sp.wait_healthy(self.base, self.proc, log)
 
@@ -100,6 +108,8 @@ def served(tiny_llama_folder: Path, tmp_path_factory: pytest.TempPathFactory) ->
             cluster.start_worker(name)
         served = Served(cluster, folder, deploy)
         served.wait_engines(3)
+        _wait_status(f"{served.base}/ready", 200)
+        _wait_log_line(served.log, f"dynask: every deployment is up ({MODEL} 3/3)")
         yield served
     finally:
         if served is not None and served.proc is not None:
@@ -110,28 +120,40 @@ def served(tiny_llama_folder: Path, tmp_path_factory: pytest.TempPathFactory) ->
 PROMPTS = [tokens(seed=1000 + i, blocks=1, extra=i % 7) for i in range(STREAMS)]
 
 
-async def _streams(base: str, prompts: list[list[int]], disturb: Callable[[], None] | None) -> Any:
-    """Runs one greedy stream per prompt; calls ``disturb`` once every stream has shown
-    text; returns each stream's (text, completion tokens)."""
+async def _streams(
+    base: str,
+    prompts: list[list[int]],
+    disturb: Callable[[], None] | None,
+    sampling: list[dict[str, Any]] | None = None,
+    shown_out: list[str] | None = None,
+) -> Any:
+    """Runs one stream per prompt (greedy, or with ``sampling[i]``); calls ``disturb`` once
+    every stream has shown text; returns each stream's (text, completion tokens) and puts
+    the text each had shown before the disturbance into ``shown_out``."""
     client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+    choices = sampling or [{"temperature": 0}] * len(prompts)
     async with client:
-        streams = await asyncio.gather(*(_open(client, p) for p in prompts))
+        streams = await asyncio.gather(
+            *(_open(client, p, c) for p, c in zip(prompts, choices, strict=True))
+        )
         shown = await asyncio.gather(*(_first_text(s) for s in streams))
+        if shown_out is not None:
+            shown_out.extend("".join(text) for text in shown)
         if disturb is not None:
             await asyncio.to_thread(disturb)
         return await asyncio.gather(*(_finish(s, t) for s, t in zip(streams, shown, strict=True)))
 
 
-async def _open(client: openai.AsyncOpenAI, prompt: list[int]) -> Any:
+async def _open(client: openai.AsyncOpenAI, prompt: list[int], sampling: dict[str, Any]) -> Any:
     return await client.completions.create(
         model=MODEL,
         prompt=prompt,
         max_tokens=MAX_TOKENS,
-        temperature=0,
         stream=True,
         stream_options={"include_usage": True},
         extra_body={"ignore_eos": True},
         timeout=300,
+        **sampling,
     )
 
 
@@ -153,6 +175,23 @@ async def _finish(stream: Any, text: list[str]) -> tuple[str, int]:
         if chunk.usage is not None:
             usage = chunk.usage.completion_tokens
     return "".join(text), usage
+
+
+def _wait_status(url: str, status: int, timeout: float = 60) -> httpx.Response:
+    deadline = time.monotonic() + timeout
+    while (reply := httpx.get(url, timeout=30)).status_code != status:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{url} still {reply.status_code} after {timeout}s: {reply.text}")
+        time.sleep(0.25)
+    return reply
+
+
+def _wait_log_line(log: Path, text: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in log.read_text():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{text!r} not in {log} after {timeout}s")
+        time.sleep(0.25)
 
 
 def _busiest(served: Served) -> dict[str, Any]:
@@ -178,6 +217,43 @@ def test_kill_9_of_a_worker_under_50_streams_loses_no_token(served: Served) -> N
     new_worker = served.cluster.start_worker("w4")
     engines = served.wait_engines(3)
     assert new_worker in {e["worker"] for e in engines}  # the lost actor, recreated
+
+
+def test_kill_9_under_30_streams_at_temperature_1_completes_them_all(served: Served) -> None:
+    """The OpenAI default temperature: seeded streams continue exactly, unseeded ones
+    continue from the text shown with a fresh seed; none fails."""
+    prompts = PROMPTS[:SAMPLED_STREAMS]
+    sampling = [
+        {"temperature": 1.0, **({"seed": 500 + i} if i % 2 == 0 else {})}
+        for i in range(SAMPLED_STREAMS)
+    ]
+    undisturbed = asyncio.run(_streams(served.base, prompts, None, sampling))
+    migrations_before = served.metric(f'dynask_migrations_total{{model="{MODEL}"}}')
+    killed: dict[str, Any] = {}
+
+    def kill_busiest() -> None:
+        killed.update(_busiest(served))
+        served.cluster.kill(killed["worker"])
+
+    shown: list[str] = []
+    disturbed = asyncio.run(_streams(served.base, prompts, kill_busiest, sampling, shown))
+
+    assert [count for _, count in disturbed] == [MAX_TOKENS] * SAMPLED_STREAMS
+    assert disturbed[0::2] == undisturbed[0::2]  # seeded: token for token
+    assert all(text.startswith(seen) for (text, _), seen in zip(disturbed, shown, strict=True))
+    assert disturbed[1::2] != undisturbed[1::2]  # unseeded: fresh samples, not replays
+    assert served.metric(f'dynask_migrations_total{{model="{MODEL}"}}') > migrations_before
+    served.wait_engines(2)
+    # A replica short: /health still says ready, /ready (and ?ready=all) does not.
+    assert httpx.get(f"{served.base}/health", timeout=30).status_code == 200
+    short = httpx.get(f"{served.base}/health?ready=all", timeout=30)
+    assert short.status_code == 503
+    assert short.json()["deployments"] == [{"name": MODEL, "replicas": 3, "ready": 2}]
+    served.cluster.start_worker("w5")
+    served.wait_engines(3)
+    assert _wait_status(f"{served.base}/ready", 200).json()["deployments"] == [
+        {"name": MODEL, "replicas": 3, "ready": 3}
+    ]
 
 
 def test_a_sigstopped_worker_is_noticed_and_its_streams_move(served: Served) -> None:
@@ -217,3 +293,18 @@ def test_a_restarted_control_plane_adopts_the_running_actors(served: Served) -> 
         model=MODEL, prompt=PROMPTS[0], max_tokens=5, temperature=0, extra_body={"ignore_eos": True}
     )
     assert reply.usage is not None and reply.usage.completion_tokens == 5
+    # The rows the killed control plane left "ready" were closed; the adopted actors'
+    # are the only ready ones.
+    engine = make_engine(served.db)
+    try:
+        deadline = time.monotonic() + 30
+        while len(ready := _ready_rows(engine)) != 3 and time.monotonic() < deadline:
+            time.sleep(0.25)
+        assert sorted(ready) == sorted(before.values())
+    finally:
+        engine.dispose()
+
+
+def _ready_rows(engine: Any) -> list[str]:
+    actors = Repository(engine).list_actors()
+    return [a.worker_address for a in actors if a.status == "ready"]

@@ -8,7 +8,13 @@ import pytest
 from sqlalchemy import Engine, select
 
 from dynask.control_plane.cli.main import main
-from dynask.control_plane.state.api_keys import ApiKeyNotFoundError, ApiKeys, hash_key
+from dynask.control_plane.state.api_keys import (
+    ApiKeyNotFoundError,
+    ApiKeys,
+    KeyTenant,
+    TenantLimits,
+    hash_key,
+)
 from dynask.control_plane.state.database import make_engine, upgrade
 from dynask.control_plane.state.models import ApiKeyRow
 from dynask.control_plane.state.repository import Repository
@@ -26,12 +32,15 @@ def test_cli_create_list_revoke(db_url: str, capsys: pytest.CaptureFixture[str])
     code, out, err = _keys(capsys, db_url, "create", "ci")
     key = out.strip()
     assert code == 0 and KEY.fullmatch(key), out
-    assert f"created API key {key[:12]}… ('ci'); it is shown this once" in err
+    assert f"created API key {key[:12]}… ('ci'; no limits, priority normal); it is shown" in err
 
     code, out, _ = _keys(capsys, db_url, "list")
     header, row = out.strip().splitlines()
-    assert header.split() == ["ID", "PREFIX", "NAME", "CREATED", "LAST", "USED", "STATE"]
-    assert row.split()[:3] == ["1", key[:12], "ci"] and row.split()[-2:] == ["-", "active"]
+    assert header.split() == [
+        "ID", "PREFIX", "NAME", "CREATED", "LAST", "USED", "STATE", "LIMITS"
+    ]  # fmt: skip
+    assert row.split()[:3] == ["1", key[:12], "ci"]
+    assert row.split()[-6:] == ["-", "active", "no", "limits,", "priority", "normal"]
 
     code, out, _ = _keys(capsys, db_url, "revoke", key[:12])
     assert (code, out) == (0, f"revoked API key {key[:12]}… ('ci')\n")
@@ -50,6 +59,36 @@ def test_cli_create_list_revoke(db_url: str, capsys: pytest.CaptureFixture[str])
         engine.dispose()
     assert (stored.kind, stored.who, stored.subject) == ("api_key.revoked", "cli", "ci")
     assert hash_ == hash_key(key) and key not in hash_  # only the hash is stored
+
+
+def test_cli_sets_and_shows_tenant_limits(db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _keys(
+        capsys, db_url, "create", "batch", "--requests-per-s", "2.5", "--priority", "low"
+    )
+    key = out.strip()
+    assert code == 0 and "('batch'; 2.5 req/s, priority low)" in err
+
+    code, out, _ = _keys(
+        capsys, db_url, "limits", "1", "--max-concurrent", "3", "--tokens-per-minute", "9000"
+    )
+    assert (code, out) == (
+        0,
+        f"API key {key[:12]}… ('batch'): 3 concurrent, 9000 tokens/min, priority normal\n",
+    )
+    code, _, err = _keys(capsys, db_url, "limits", "1", "--max-concurrent", "0")
+    assert code == 2 and "TenantLimits 'max_concurrent' has value 0" in err
+
+    engine = make_engine(db_url)
+    try:
+        [tenant] = ApiKeys(engine).active_tenants().values()
+        [event] = Repository(engine).recent_events(1)
+    finally:
+        engine.dispose()
+    assert tenant == KeyTenant(f"batch ({key[:12]})", TenantLimits(None, 3, 9000, "normal"))
+    assert (event.kind, event.details["limits"]) == (
+        "api_key.limits",
+        "3 concurrent, 9000 tokens/min, priority normal",
+    )
 
 
 def test_cli_list_of_no_keys(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:

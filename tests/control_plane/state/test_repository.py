@@ -213,6 +213,28 @@ def test_add_actor_records_placement(repo: Repository) -> None:
         repo.add_actor("smollm", "tcp://10.0.0.5:40123", status="busy")
 
 
+def test_stale_actor_rows_are_closed_on_start(repo: Repository) -> None:
+    repo.create_deployment(DeploymentSpec("smollm", "m.gguf"), who="admin")
+    starting = repo.add_actor("smollm", "tcp://10.0.0.5:1")
+    ready = repo.add_actor("smollm", "tcp://10.0.0.5:2", status="ready")
+    stopped = repo.add_actor("smollm", "tcp://10.0.0.5:3", status="stopped")
+
+    assert repo.close_stale_actors("cli", "left by a killed control plane") == 2
+    assert repo.close_stale_actors("cli", "again") == 0
+
+    rows = {a.id: (a.status, a.error) for a in repo.list_actors()}
+    assert rows == {
+        starting.id: ("lost", "left by a killed control plane"),
+        ready.id: ("lost", "left by a killed control plane"),
+        stopped.id: ("stopped", None),
+    }
+    [event] = repo.recent_events(1)
+    assert (event.kind, event.details) == (
+        "actor.stale_closed",
+        {"actors": 2, "reason": "left by a killed control plane"},
+    )
+
+
 def test_update_actor_changes_only_the_given_fields(repo: Repository) -> None:
     repo.create_deployment(DeploymentSpec("smollm", "m.gguf"), who="admin")
     actor = repo.add_actor("smollm", "tcp://10.0.0.5:40123")

@@ -1,0 +1,96 @@
+"""Tenant limits and priority bands, on a clock the test moves (exact values)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dynask.control_plane.serving.tenants import (
+    Tenant,
+    TenantGate,
+    TenantLimitError,
+    shed_priority,
+)
+from dynask.control_plane.state.api_keys import TenantLimits
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _gate() -> tuple[TenantGate, _Clock, list[tuple[str, int]]]:
+    clock, seen = _Clock(), []
+    return TenantGate(clock, lambda t, n: seen.append((t, n))), clock, seen
+
+
+def test_concurrency_limit_refuses_the_next_request_until_one_ends() -> None:
+    gate, _, seen = _gate()
+    noisy = Tenant("noisy", TenantLimits(max_concurrent=2))
+    gate.admit("a", noisy, 10)
+    gate.admit("b", noisy, 10)
+    with pytest.raises(TenantLimitError) as caught:
+        gate.admit("c", noisy, 10)
+    assert caught.value.limit == "max_concurrent"
+    assert "has 2 requests in flight, its limit (2 concurrent)" in str(caught.value)
+    gate.admit("q", Tenant("quiet"), 10)  # another tenant keeps its share
+    gate.release("a")
+    gate.release("a")  # idempotent
+    gate.admit("c", noisy, 10)
+    assert seen == [("noisy", 1), ("noisy", 2), ("quiet", 1), ("noisy", 1), ("noisy", 2)]
+
+
+def test_request_rate_is_a_bucket_of_one_second_of_requests() -> None:
+    gate, clock, _ = _gate()
+    tenant = Tenant("t", TenantLimits(requests_per_s=2.0))
+    gate.admit("1", tenant, 1)  # a new tenant starts with a full bucket: 2 at once
+    gate.admit("2", tenant, 1)
+    with pytest.raises(TenantLimitError) as first:
+        gate.admit("3", tenant, 1)
+    clock.now += 0.25
+    with pytest.raises(TenantLimitError) as second:
+        gate.admit("3", tenant, 1)
+    clock.now += 0.25
+    gate.admit("3", tenant, 1)
+
+    assert first.value.limit == "requests_per_s"
+    assert (first.value.retry_after_s, second.value.retry_after_s) == (0.5, 0.25)
+
+
+def test_tokens_per_minute_counts_prompt_and_max_tokens_over_a_sliding_minute() -> None:
+    gate, clock, _ = _gate()
+    tenant = Tenant("t", TenantLimits(tokens_per_minute=100))
+    gate.admit("1", tenant, 60)
+    clock.now += 20
+    gate.admit("2", tenant, 30)
+    with pytest.raises(TenantLimitError) as caught:
+        gate.admit("3", tenant, 20)
+    assert caught.value.limit == "tokens_per_minute"
+    assert caught.value.retry_after_s == pytest.approx(40.0)  # when the first 60 expire
+    clock.now += 40
+    gate.admit("3", tenant, 20)
+
+
+def test_a_request_larger_than_the_whole_token_limit_passes_when_nothing_else_counts() -> None:
+    gate, _, _ = _gate()
+    gate.admit("big", Tenant("t", TenantLimits(tokens_per_minute=10)), 500)
+
+
+def test_the_low_priority_band_sheds_at_half_the_global_limit() -> None:
+    assert [shed_priority("low", n, 100) for n in (49, 50)] == [False, True]
+    assert [shed_priority("low", n, 3) for n in (1, 2)] == [False, True]
+    assert not shed_priority("normal", 99, 100)  # only the global limit sheds them
+    assert not shed_priority("high", 99, 100)
+    assert not shed_priority("low", 10**6, None)  # no global limit: no bands
+
+
+def test_limits_name_the_bad_field() -> None:
+    with pytest.raises(ValueError, match="'max_concurrent' has value 0"):
+        TenantLimits(max_concurrent=0)
+    with pytest.raises(ValueError, match="'priority' has value 'urgent'; expected one of"):
+        TenantLimits(priority="urgent")
+    assert TenantLimits(5, 2, 1000, "high").describe() == (
+        "5 req/s, 2 concurrent, 1000 tokens/min, priority high"
+    )

@@ -1,0 +1,3 @@
+"""A step's logits around the draw: processing before it (penalties, logit_bias,
+min_tokens: ``processing``) and logprobs after it (``logprobs``). Imports only torch and
+``actors.api``; the draw itself is ``actors.engine.sampling``."""

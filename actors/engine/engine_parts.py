@@ -21,10 +21,10 @@ from dynask.actors.engine.loader import (
     load_tokenizer,
     resolve_model,
 )
+from dynask.actors.engine.logits.defaults import sampling_defaults
 from dynask.actors.engine.model import CausalLM
 from dynask.actors.engine.model_config import ModelConfig
 from dynask.actors.engine.model_runner import KVCacheSpec, ModelRunner
-from dynask.actors.engine.sampling_defaults import sampling_defaults
 from dynask.actors.engine.scheduler import ScheduledChunk
 from dynask.kv.events import KVEventLog
 
@@ -56,7 +56,7 @@ class EngineParts:
     kv_manager: KVCacheManager
     event_log: KVEventLog
     model_origin: str
-    sampling_defaults: dict[str, Any] = field(default_factory=dict)  # sampling_defaults.py
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)  # logits/defaults.py
 
 
 def build_engine_parts(config: EngineConfig) -> EngineParts:

@@ -58,6 +58,19 @@ def run(engine: LLMEngine, batch: int, new_tokens: int, featured: int, seed: int
     return time.perf_counter() - started
 
 
+# The model runner's logits steps as no-ops: the engine before these features.
+_NO_OPS: dict[str, Any] = {
+    "process_logits": lambda logits, rows, eos: logits,
+    "compute_logprobs": lambda logits, params, chosen: [None] * len(params),
+}
+
+
+def _patch(steps: dict[str, Any]) -> None:
+    """The model runner calls ``steps`` (by its module's names) from now on."""
+    for name, step in steps.items():
+        setattr(model_runner, name, step)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cpu")
@@ -66,17 +79,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     engine = LLMEngine(EngineConfig(device=args.device, max_num_seqs=max(64, args.batch)))
-    real = (model_runner.process_logits, model_runner.compute_logprobs)
+    real = {name: getattr(model_runner, name) for name in _NO_OPS}
     scenarios = {"bypassed": 0, "none": 0, "quarter": args.batch // 4, "all": args.batch}
     run(engine, 4, 4, 4, seed=999)  # warm-up
     seconds: dict[str, float] = {}
     for repeat in range(args.repeats):  # interleaved: drift on a shared machine hits all
         for name, featured in scenarios.items():
-            if name == "bypassed":
-                model_runner.process_logits = lambda logits, rows, eos: logits  # type: ignore[assignment]
-                model_runner.compute_logprobs = lambda logits, params, chosen: [None] * len(params)  # type: ignore[assignment]
+            _patch(_NO_OPS if name == "bypassed" else real)
             took = run(engine, args.batch, args.new_tokens, featured, seed=repeat * 10 + featured)
-            model_runner.process_logits, model_runner.compute_logprobs = real
+            _patch(real)
             seconds[name] = min(seconds.get(name, float("inf")), took)
     tokens = args.batch * args.new_tokens
     rows = []

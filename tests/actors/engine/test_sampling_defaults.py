@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dynask.actors.engine.sampling_defaults import BUNDLED_MODEL_DEFAULTS, sampling_defaults
+from dynask.actors.engine.logits.defaults import BUNDLED_MODEL_DEFAULTS, sampling_defaults
 
 
 def test_the_generation_config_supplies_what_it_sets(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ As vLLM does, a model folder's ``generation_config.json`` supplies ``temperature
 ``SamplingParams``' own defaults (OpenAI's: temperature 1, top_p 1). The bundled
 SmolLM2-135M-Instruct ships no generation config, and at temperature 1 it drifts off
 topic within a sentence, so it gets ``BUNDLED_MODEL_DEFAULTS``, chosen by
-``bench/sampling_defaults.py`` (the numbers are in the README).
+``bench.engine.sampling_defaults`` (the numbers are in the README).
 """
 
 from __future__ import annotations

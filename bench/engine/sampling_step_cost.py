@@ -4,9 +4,10 @@ A batch of 32 rows over SmolLM2's 49,152-token vocabulary, each with 32 prompt a
 output tokens; ``process_logits`` + ``compute_logprobs`` as the model runner calls them,
 best of 5 rounds of 50 steps, with 0, 8 and 32 rows asking for presence/frequency/
 repetition penalties, logit_bias and ``logprobs: 5``. Compare with a decode step's time
-(``bench/engine.py``). Prints a table and writes ``bench/results/sampling_step_cost.json``::
+(``bench/engine/throughput.py``). Prints a table and writes
+``bench/results/sampling_step_cost.json``::
 
-    .venv/bin/python bench/sampling_step_cost.py
+    .venv/bin/python -m bench.engine.sampling_step_cost
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dynask.actors.engine.logits.logprobs import compute_logprobs
 from dynask.actors.engine.logits.processing import TokenCounts, process_logits
 
 VOCAB, BATCH = 49152, 32
-OUT = Path(__file__).parent / "results" / "sampling_step_cost.json"
+OUT = Path(__file__).resolve().parents[1] / "results" / "sampling_step_cost.json"
 PLAIN = SamplingParams(max_tokens=64, temperature=0.0)
 RICH = SamplingParams(
     max_tokens=64,

@@ -21,10 +21,8 @@ from starlette.responses import JSONResponse, Response
 from dynask.actors.api.outputs import FinishReason, RequestOutput
 from dynask.control_plane.api.chat_output import ChatOptions
 from dynask.control_plane.api.chat_prompt import render_chat_request
-from dynask.control_plane.api.choice_routes import serve_choices
 from dynask.control_plane.api.errors import APIError, from_serving
 from dynask.control_plane.api.internal_errors import internal_error
-from dynask.control_plane.api.logprobs_format import TokenTexts
 from dynask.control_plane.api.openapi_document import GENERATION_ERRORS, ApiRoute, Operation
 from dynask.control_plane.api.request_schema import (
     CHAT_FIELDS,
@@ -32,13 +30,15 @@ from dynask.control_plane.api.request_schema import (
     parse_chat,
     parse_completion,
 )
-from dynask.control_plane.api.response_format import (
+from dynask.control_plane.api.sampling.choice_routes import serve_choices
+from dynask.control_plane.api.sampling.logprobs_format import TokenTexts
+from dynask.control_plane.api.sampling.response_format import (
     ChatFormat,
     CompletionFormat,
     ResponseFormat,
     sse_event,
 )
-from dynask.control_plane.api.sampling_support import check_sampling_support
+from dynask.control_plane.api.sampling.sampling_support import check_sampling_support
 from dynask.control_plane.api.sse import TokenEventResponse
 from dynask.control_plane.api.tools.tool_request import parse_tool_request
 from dynask.control_plane.serving.admitted_request import AdmittedRequest

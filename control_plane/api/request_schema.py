@@ -8,7 +8,7 @@ does not serve (tools, response_format, suffix …) pass only at their neutral v
 and are refused by name otherwise, and a key no field declares is refused by name too.
 Informational ones (``user``, ``metadata`` …) are accepted; they change no output. The
 sampling features (penalties, logit_bias, min_tokens, logprobs, n, best_of, echo) are
-declared in ``sampling_fields``; completions take a list of prompts (a choice per
+declared in ``sampling.sampling_fields``; completions take a list of prompts (a choice per
 prompt and ``n``).
 Strings that cannot be encoded as UTF-8 (a lone surrogate such as ``"\\ud800"``) are a
 400 naming where they are. Extensions: ``ignore_eos``, ``top_k`` and ``router_mode``
@@ -38,7 +38,7 @@ from dynask.control_plane.api.request_fields import (
     read_body,
     shown,
 )
-from dynask.control_plane.api.sampling_fields import (
+from dynask.control_plane.api.sampling.sampling_fields import (
     CHAT_LOGPROBS,
     COMPLETION_CHOICES,
     SAMPLING_FIELDS,

@@ -7,7 +7,7 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 from dynask.actors.api.outputs import TokenLogprob
-from dynask.control_plane.api.logprobs_format import (
+from dynask.control_plane.api.sampling.logprobs_format import (
     TokenTexts,
     chat_logprobs,
     completion_logprobs,

@@ -16,7 +16,7 @@ from typing import Any
 from dynask.actors.api.outputs import RequestOutput, Usage
 from dynask.control_plane.api.chat_output import ChatOutputParser, ChatPlan
 from dynask.control_plane.api.chat_shapes import delta_dict, message_dict
-from dynask.control_plane.api.logprobs_format import (
+from dynask.control_plane.api.sampling.logprobs_format import (
     TokenTexts,
     chat_logprobs,
     completion_logprobs,

@@ -21,8 +21,12 @@ from dynask.actors.api.outputs import RequestOutput
 from dynask.control_plane.api.chat_output import ChatPlan
 from dynask.control_plane.api.errors import APIError, from_serving, invalid
 from dynask.control_plane.api.internal_errors import internal_error
-from dynask.control_plane.api.logprobs_format import TokenTexts
-from dynask.control_plane.api.response_format import ResponseFormat, sse_event, summed_usage
+from dynask.control_plane.api.sampling.logprobs_format import TokenTexts
+from dynask.control_plane.api.sampling.response_format import (
+    ResponseFormat,
+    sse_event,
+    summed_usage,
+)
 from dynask.control_plane.api.sse import TokenEventResponse
 from dynask.control_plane.serving.choices import (
     Follow,

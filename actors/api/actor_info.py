@@ -26,6 +26,8 @@ class ActorInfo:
     kv_block_size: int | None = None  # None for engines without a KV cache
     tokenizer_files: dict[str, bytes] = field(default_factory=dict, repr=False)
     kv_transfer_address: str | None = None  # set once a prefill/decode listener is open
+    # SamplingParams keywords for fields a request leaves out (``sampling_defaults``).
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:

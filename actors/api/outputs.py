@@ -28,6 +28,15 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's logprob and the most likely tokens at its position."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), most likely first
+
+
+@dataclass(frozen=True)
 class RequestOutput:
     """What one engine step added to one request: new text and token ids, and the end."""
 
@@ -38,6 +47,7 @@ class RequestOutput:
     stop_reason: str | int | None = None  # the stop string or token that ended it
     usage: Usage | None = None  # set on the final delta
     error: str | None = None  # why an aborted request failed (a backend's own error)
+    logprobs: tuple[TokenLogprob, ...] | None = None  # one per token id, if asked for
 
     @property
     def finished(self) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import queue
 from collections.abc import Callable, Iterator
 
-from dynask.actors.api.outputs import RequestOutput, Usage
+from dynask.actors.api.outputs import RequestOutput, TokenLogprob, Usage
 
 OutputListener = Callable[[list[RequestOutput]], None]
 
@@ -62,6 +62,11 @@ class RequestStream:
     @property
     def token_ids(self) -> list[int]:
         return [t for o in self._drain() for t in o.token_ids]
+
+    @property
+    def logprobs(self) -> list[TokenLogprob]:
+        """One per generated token (empty unless the request asked for logprobs)."""
+        return [lp for o in self._drain() for lp in o.logprobs or ()]
 
     @property
     def finish_reason(self) -> str | None:

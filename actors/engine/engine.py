@@ -29,6 +29,7 @@ from dynask.actors.engine.engine_parts import EngineParts, build_engine_parts
 from dynask.actors.engine.grammar.structured_output import GrammarState, StructuredOutputs
 from dynask.actors.engine.kv_manager import KVCacheManager, PrefixHit
 from dynask.actors.engine.kv_tiers import offload_stats
+from dynask.actors.engine.logits.processing import check_logits_params
 from dynask.actors.engine.sampling import request_seed
 from dynask.actors.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from dynask.actors.engine.sequence import AbortRequest, Sequence, SequenceStatus, check_prompt
@@ -48,6 +49,8 @@ class LLMEngine:
         self.parts = parts or build_engine_parts(config)
         self.tokenizer = self.parts.tokenizer
         self.max_model_len = self.parts.plan.max_model_len
+        # What the control plane fills in for sampling fields a request leaves out.
+        self.sampling_defaults = dict(self.parts.sampling_defaults)
         self.scheduler = Scheduler(
             SchedulerConfig(
                 config.max_num_seqs,
@@ -88,6 +91,7 @@ class LLMEngine:
         """Queues a request; its deltas arrive on the returned stream."""
         params = params or SamplingParams()
         token_ids = self._prompt_token_ids(prompt)
+        check_logits_params(params, self.parts.model_config.vocab_size)
         request_id = request_id or uuid.uuid4().hex
         seq = Sequence(
             request_id=request_id,
@@ -317,6 +321,9 @@ class LLMEngine:
         new_tokens = seq.output_token_ids[-count:] if seq.output_token_ids else []
         if seq.finish_reason is FinishReason.ABORT:
             new_tokens = []
+        logprobs = None
+        if seq.params.logprobs is not None:
+            logprobs = tuple(seq.logprobs[-len(new_tokens) :]) if new_tokens else ()
         if finished:
             self._sequences.pop(seq.request_id, None)
         return RequestOutput(
@@ -326,6 +333,7 @@ class LLMEngine:
             finish_reason=seq.finish_reason,
             stop_reason=seq.stop_reason,
             usage=seq.usage() if finished else None,
+            logprobs=logprobs,
         )
 
     def _publish(self, outputs: list[RequestOutput]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
@@ -21,6 +21,7 @@ from dynask.actors.engine.loader import (
     load_tokenizer,
     resolve_model,
 )
+from dynask.actors.engine.logits.defaults import sampling_defaults
 from dynask.actors.engine.model import CausalLM
 from dynask.actors.engine.model_config import ModelConfig
 from dynask.actors.engine.model_runner import KVCacheSpec, ModelRunner
@@ -55,6 +56,7 @@ class EngineParts:
     kv_manager: KVCacheManager
     event_log: KVEventLog
     model_origin: str
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)  # logits/defaults.py
 
 
 def build_engine_parts(config: EngineConfig) -> EngineParts:
@@ -69,7 +71,9 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     model = load_model(source, model_config, max_positions, device, dtype)
     eos = eos_token_ids(source.folder, model_config, tokenizer)
     loaded = LoadedModel(model, model_config, tokenizer, eos, source.origin)
-    return assemble_engine_parts(config, loaded, started)
+    parts = assemble_engine_parts(config, loaded, started)
+    defaults = sampling_defaults(source.folder, bundled=not config.model)
+    return replace(parts, sampling_defaults=defaults)
 
 
 @dataclass(frozen=True)
@@ -128,7 +132,7 @@ def assemble_engine_parts(config: EngineConfig, loaded: LoadedModel, started: fl
         model_config.head_dim,
         cache_dtype,
     )
-    runner = ModelRunner(loaded.model, spec, device)
+    runner = ModelRunner(loaded.model, spec, device, loaded.eos_token_ids)
     if device.type == "cuda":
         runner.compile_kernels()
     if device.type == "cuda" and config.cuda_graphs:

@@ -20,6 +20,8 @@ import torch
 from dynask.actors.engine.cuda.step import CudaLayout, DecodeGraphs, build_cuda_inputs
 from dynask.actors.engine.cuda.triton_attention import compile_paged_prefill
 from dynask.actors.engine.grammar.structured_output import LogitsMask, advance_grammars
+from dynask.actors.engine.logits.logprobs import compute_logprobs
+from dynask.actors.engine.logits.processing import process_logits
 from dynask.actors.engine.model import CausalLM
 from dynask.actors.engine.sampling import sample
 from dynask.actors.engine.scheduler import ScheduledChunk
@@ -40,10 +42,17 @@ class KVCacheSpec:
 class ModelRunner:
     """Owns the model and its KV cache tensors on one device."""
 
-    def __init__(self, model: CausalLM, spec: KVCacheSpec, device: torch.device) -> None:
+    def __init__(
+        self,
+        model: CausalLM,
+        spec: KVCacheSpec,
+        device: torch.device,
+        eos_token_ids: tuple[int, ...] = (),  # what ``min_tokens`` masks
+    ) -> None:
         self.model = model
         self.spec = spec
         self.device = device
+        self.eos_token_ids = eos_token_ids
         self.graphs: DecodeGraphs | None = None
         self.grammar_mask = LogitsMask(model.config.vocab_size)  # structured outputs
         self.cuda_layout: CudaLayout | None = None
@@ -95,9 +104,14 @@ class ModelRunner:
         if logits is None:
             return [None] * len(chunks)
         seqs = [chunks[i].seq for i in sampled_rows]
-        self.grammar_mask.mask_logits(logits, seqs)
-        tokens = sample(logits, [s.params for s in seqs], [s.next_draw() for s in seqs])
+        params = [s.params for s in seqs]
+        logits = process_logits(logits, seqs, self.eos_token_ids)
+        self.grammar_mask.mask_logits(logits, seqs)  # after the biases: a masked token stays out
+        tokens = sample(logits, params, [s.next_draw() for s in seqs])
         advance_grammars(seqs, tokens)
+        for seq, logprob in zip(seqs, compute_logprobs(logits, params, tokens), strict=True):
+            if logprob is not None:
+                seq.logprobs.append(logprob)
         result: list[int | None] = [None] * len(chunks)
         for i, token in zip(sampled_rows, tokens, strict=True):
             result[i] = token

@@ -7,10 +7,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dynask.actors.api.outputs import FinishReason, Usage
+from dynask.actors.api.outputs import FinishReason, TokenLogprob, Usage
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.engine.detokenizer import IncrementalDetokenizer
 from dynask.actors.engine.grammar.structured_output import GrammarState
+from dynask.actors.engine.logits.processing import TokenCounts
 from dynask.actors.engine.sampling import draw_generator
 from dynask.kv.block_pool import Block
 from dynask.kv.hashing import SequenceHash
@@ -50,6 +51,8 @@ class Sequence:
     stop_reason: str | int | None = None
     grammar: GrammarState | None = None  # structured outputs: where the output is in it
     generator: torch.Generator = field(default_factory=torch.Generator)  # re-seeded per draw
+    token_counts: TokenCounts | None = None  # penalties' state (logits.processing)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # per output token, if asked
 
     @property
     def num_tokens(self) -> int:

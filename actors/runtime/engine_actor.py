@@ -89,6 +89,7 @@ class EngineActor(KVTransferMethods):
             kv_events=has_kv_cache,  # False: route with the approximate index
             kv_block_size=engine.kv_block_size if isinstance(engine, KVCacheEngine) else None,
             tokenizer_files=await asyncio.to_thread(_tokenizer_files, engine),
+            sampling_defaults=dict(getattr(engine, "sampling_defaults", {})),
         ).to_dict()
         return self._info
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import msgpack
 
-from dynask.actors.api.outputs import FinishReason, RequestOutput, Usage
+from dynask.actors.api.outputs import FinishReason, RequestOutput, TokenLogprob, Usage
 from dynask.kv.events import KVEventLog
 from dynask.kv.prefix_index import KVCacheDump
 
@@ -98,6 +98,8 @@ def encode_output(output: RequestOutput) -> dict[str, Any]:
         item["u"] = [usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens]
     if output.error:
         item["e"] = output.error
+    if output.logprobs is not None:
+        item["l"] = [[lp.token_id, lp.logprob, [list(t) for t in lp.top]] for lp in output.logprobs]
     return item
 
 
@@ -110,6 +112,14 @@ def decode_output(item: dict[str, Any]) -> RequestOutput:
         stop_reason=item.get("s"),
         usage=Usage(*item["u"]) if "u" in item else None,
         error=item.get("e"),
+        logprobs=_decode_logprobs(item["l"]) if "l" in item else None,
+    )
+
+
+def _decode_logprobs(items: list[Any]) -> tuple[TokenLogprob, ...]:
+    return tuple(
+        TokenLogprob(int(token), float(logprob), tuple((int(t), float(v)) for t, v in top))
+        for token, logprob, top in items
     )
 
 

@@ -18,10 +18,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from dynask.actors.api.outputs import FinishReason, RequestOutput, Usage
-from dynask.control_plane.api.chat_output import ChatOptions, ChatPlan
+from dynask.actors.api.outputs import FinishReason, RequestOutput
+from dynask.control_plane.api.chat_output import ChatOptions
 from dynask.control_plane.api.chat_prompt import render_chat_request
-from dynask.control_plane.api.chat_shapes import delta_dict, message_dict
 from dynask.control_plane.api.errors import APIError, from_serving
 from dynask.control_plane.api.internal_errors import internal_error
 from dynask.control_plane.api.openapi_document import GENERATION_ERRORS, ApiRoute, Operation
@@ -31,6 +30,15 @@ from dynask.control_plane.api.request_schema import (
     parse_chat,
     parse_completion,
 )
+from dynask.control_plane.api.sampling.choice_routes import serve_choices
+from dynask.control_plane.api.sampling.logprobs_format import TokenTexts
+from dynask.control_plane.api.sampling.response_format import (
+    ChatFormat,
+    CompletionFormat,
+    ResponseFormat,
+    sse_event,
+)
+from dynask.control_plane.api.sampling.sampling_support import check_sampling_support
 from dynask.control_plane.api.sse import TokenEventResponse
 from dynask.control_plane.api.tools.tool_request import parse_tool_request
 from dynask.control_plane.serving.admitted_request import AdmittedRequest
@@ -50,10 +58,10 @@ def make_openai_routes(
     options = chat_options or ChatOptions()
 
     async def chat(request: Request) -> Response:
-        return await _serve(service, request, parse_chat, _ChatFormat, options)
+        return await _serve(service, request, parse_chat, ChatFormat, options)
 
     async def completions(request: Request) -> Response:
-        return await _serve(service, request, parse_completion, _CompletionFormat, options)
+        return await _serve(service, request, parse_completion, CompletionFormat, options)
 
     async def models(_: Request) -> Response:
         data = [
@@ -125,7 +133,7 @@ async def _serve(
     service: ServingService,
     request: Request,
     parse: Callable[[Any], GenerationRequest],
-    fmt: type[_Format],
+    fmt: type[ResponseFormat],
     chat_options: ChatOptions,
 ) -> Response:
     started = time.monotonic()
@@ -133,16 +141,21 @@ async def _serve(
     parsed = parse(body)
     if service.request_hook is not None:  # an inference graph's custom Processor
         parsed = await service.request_hook(parsed)
+    check_sampling_support(service.model(parsed.model), parsed)
     plan = None
     if parsed.messages is not None:  # tools and the template: the prompt as token ids
         tools = parse_tool_request(body)
         parsed, plan = await asyncio.to_thread(
             render_chat_request, service, parsed, tools, chat_options
         )
+    tenant = service.tenant(request.scope.get("state", {}).get("tenant"), parsed.user)
+    if parsed.n > 1 or parsed.best_of > 1 or len(parsed.prompts) > 1 or parsed.echo:
+        follow = _follower(service, started)
+        return await serve_choices(service, parsed, fmt, follow, plan, tenant)
     # The chat template and the tokenizer take a CPU second per MB of text: not on the loop.
     prepared = await asyncio.to_thread(service.prepare, parsed, fmt.id_prefix)
-    formatter = fmt(prepared, parsed.model, plan)
-    tenant = service.tenant(request.scope.get("state", {}).get("tenant"), parsed.user)
+    texts = TokenTexts(prepared.model.tokenizer)
+    formatter = fmt(prepared.request_id, parsed.model, texts, plan=plan)
     admitted = service.admit(prepared, tenant)  # before any response: a 503 stays a 503
     metrics = service.metrics
     metrics.input_tokens.labels(parsed.model).inc(len(prepared.prompt_ids))
@@ -151,7 +164,13 @@ async def _serve(
         return TokenEventResponse(events, ping=600, sep="\n", on_close=admitted.release)
     with admitted:
         outputs = [o async for batch in tracked_outputs(service, admitted, started) for o in batch]
-    return JSONResponse(formatter.whole(outputs))
+    return JSONResponse(formatter.whole([outputs], outputs[-1].usage))
+
+
+def _follower(
+    service: ServingService, started: float
+) -> Callable[[AdmittedRequest], AsyncIterator[list[RequestOutput]]]:
+    return lambda admitted: tracked_outputs(service, admitted, started)
 
 
 async def tracked_outputs(
@@ -205,14 +224,13 @@ def _raise_if_aborted(prepared: PreparedRequest, output: RequestOutput) -> None:
 async def _sse_events(
     service: ServingService,
     admitted: AdmittedRequest,
-    formatter: _Format,
+    formatter: ResponseFormat,
     include_usage: bool,
     started: float,
 ) -> AsyncIterator[bytes]:
     """Ready-made SSE events (bytes pass through sse-starlette untouched), one write per
     batch of deltas that arrived together."""
-    first = formatter.opening()
-    if first is not None:
+    for first in formatter.opening():
         yield sse_event(first)
     try:
         async for outputs in tracked_outputs(service, admitted, started):
@@ -229,148 +247,3 @@ async def _sse_events(
         log.exception("stream %s failed after it started", admitted.prepared.request_id)
         yield sse_event(internal_error(exc).body())
     yield b"data: [DONE]\n\n"
-
-
-def sse_event(payload: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
-
-
-def usage_dict(usage: Usage | None) -> dict[str, Any] | None:
-    if usage is None:
-        return None
-    return {
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "total_tokens": usage.total_tokens,
-        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
-    }
-
-
-class _Format:
-    id_prefix = "x"
-    object_whole = ""
-    object_chunk = ""
-
-    def __init__(self, prepared: PreparedRequest, model: str, plan: ChatPlan | None) -> None:
-        self.id = prepared.request_id
-        self.model = model
-        self.created = int(time.time())
-        self._template: tuple[bytes, bytes] | None = None
-
-    def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "object": obj,
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        }
-
-    def opening(self) -> dict[str, Any] | None:
-        return None
-
-    def chunk(self, output: RequestOutput) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def chunk_event(self, output: RequestOutput) -> bytes:
-        """The SSE event of one delta. Mid-stream deltas (the hot path: one per token) are
-        spliced into a pre-encoded envelope instead of serialising the whole chunk again."""
-        if output.finished:
-            return sse_event(self.chunk(output))
-        if self._template is None:
-            marker = "\x00TEXT\x00"
-            whole = json.dumps(self.chunk(_with_text(output, marker)), separators=(",", ":"))
-            head, tail = whole.split(json.dumps(marker))
-            self._template = (b"data: " + head.encode(), tail.encode() + b"\n\n")
-        head_bytes, tail_bytes = self._template
-        return head_bytes + json.dumps(output.text).encode() + tail_bytes
-
-    def whole(self, outputs: list[RequestOutput]) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
-        return {**self._envelope(self.object_chunk, []), "usage": usage_dict(usage)}
-
-
-def _with_text(output: RequestOutput, text: str) -> RequestOutput:
-    return RequestOutput(output.request_id, text, output.token_ids)
-
-
-def _finish(output: RequestOutput) -> str | None:
-    reason = output.finish_reason
-    return None if reason is None else reason.value
-
-
-class _ChatFormat(_Format):
-    id_prefix = "chatcmpl"
-    object_whole = "chat.completion"
-    object_chunk = "chat.completion.chunk"
-
-    def __init__(self, prepared: PreparedRequest, model: str, plan: ChatPlan | None) -> None:
-        super().__init__(prepared, model, plan)
-        # Reasoning and tool calls: the output goes through parsers (chat_output).
-        self.parser = plan.parser() if plan is not None and plan.parses else None
-
-    def chunk_event(self, output: RequestOutput) -> bytes:
-        if self.parser is None:
-            return super().chunk_event(output)
-        delta = self.parser.feed(output.text)
-        events = [self._parsed_chunk(delta_dict(delta), None)] if delta else []
-        if output.finished:
-            rest = delta_dict(self.parser.finish())
-            events.append(self._parsed_chunk(rest, self.parser.finish_reason(_finish(output))))
-        return b"".join(sse_event(e) for e in events)
-
-    def _parsed_chunk(self, delta: dict[str, Any], reason: str | None) -> dict[str, Any]:
-        choice = {"index": 0, "delta": delta, "finish_reason": reason}
-        return self._envelope(self.object_chunk, [choice])
-
-    def opening(self) -> dict[str, Any]:
-        choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
-        return self._envelope(self.object_chunk, [choice])
-
-    def chunk(self, output: RequestOutput) -> dict[str, Any]:
-        delta = {"content": output.text} if output.text or not output.finished else {}
-        choice = {"index": 0, "delta": delta, "finish_reason": _finish(output)}
-        return self._envelope(self.object_chunk, [choice])
-
-    def whole(self, outputs: list[RequestOutput]) -> dict[str, Any]:
-        text = "".join(o.text for o in outputs)
-        message: dict[str, Any] = {"role": "assistant", "content": text}
-        reason = _finish(outputs[-1])
-        if self.parser is not None:
-            message = message_dict(self.parser, [o.text for o in outputs])
-            reason = self.parser.finish_reason(reason)
-        choice = {
-            "index": 0,
-            "message": message,
-            "finish_reason": reason,
-            "logprobs": None,
-        }
-        return {
-            **self._envelope(self.object_whole, [choice]),
-            "usage": usage_dict(outputs[-1].usage),
-        }
-
-
-class _CompletionFormat(_Format):
-    id_prefix = "cmpl"
-    object_whole = "text_completion"
-    object_chunk = "text_completion"
-
-    def chunk(self, output: RequestOutput) -> dict[str, Any]:
-        choice = {
-            "index": 0,
-            "text": output.text,
-            "finish_reason": _finish(output),
-            "logprobs": None,
-        }
-        return self._envelope(self.object_chunk, [choice])
-
-    def whole(self, outputs: list[RequestOutput]) -> dict[str, Any]:
-        text = "".join(o.text for o in outputs)
-        choice = {"index": 0, "text": text, "finish_reason": _finish(outputs[-1]), "logprobs": None}
-        return {
-            **self._envelope(self.object_whole, [choice]),
-            "usage": usage_dict(outputs[-1].usage),
-        }

@@ -4,16 +4,21 @@ The parameters of chat and completions are declared once, as ``request_fields.Fi
 (``CHAT_FIELDS``, ``COMPLETION_FIELDS``): this module reads bodies with them and
 ``openapi_document`` shows them. Every rule names the parameter and the bad value, so a
 client sees exactly what to fix. Nothing is dropped silently: OpenAI parameters dynask
-does not serve (tools, logprobs, n > 1, penalties …) pass only at their neutral values
+does not serve (tools, response_format, suffix …) pass only at their neutral values
 and are refused by name otherwise, and a key no field declares is refused by name too.
-Informational ones (``user``, ``metadata`` …) are accepted; they change no output.
+Informational ones (``user``, ``metadata`` …) are accepted; they change no output. The
+sampling features (penalties, logit_bias, min_tokens, logprobs, n, best_of, echo) are
+declared in ``sampling.sampling_fields``; completions take a list of prompts (a choice per
+prompt and ``n``).
 Strings that cannot be encoded as UTF-8 (a lone surrogate such as ``"\\ud800"``) are a
 400 naming where they are. Extensions: ``ignore_eos``, ``top_k`` and ``router_mode``
-(this request's routing mode, overriding the server's ``--router-mode``).
+(this request's routing mode, overriding the server's ``--router-mode``),
+``repetition_penalty`` and ``min_tokens``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from dynask.control_plane.api.chat_messages import MESSAGE_SCHEMA, read_messages
@@ -33,6 +38,13 @@ from dynask.control_plane.api.request_fields import (
     read_body,
     shown,
 )
+from dynask.control_plane.api.sampling.sampling_fields import (
+    CHAT_LOGPROBS,
+    COMPLETION_CHOICES,
+    SAMPLING_FIELDS,
+    best_of,
+    sampling_features,
+)
 from dynask.control_plane.api.structured_output_fields import parse_structured_output
 from dynask.control_plane.routing.kv_router import ROUTING_MODES
 from dynask.control_plane.serving.request import GenerationRequest
@@ -40,21 +52,29 @@ from dynask.control_plane.serving.request import GenerationRequest
 # Integers cross to the actor as msgpack and seed a torch.Generator: both stop at 64 bits.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_STOP = 4
+MAX_PROMPTS = 16  # prompts in one completions request (times n: the choices)
 
 
 # ---- readers of the parameters that are more than a type and bounds -----------------------
 
 
+def _prompts(value: Any) -> tuple[str | list[int], ...]:
+    """One prompt, or a list of them (strings or token-id arrays)."""
+    if isinstance(value, list) and value and all(isinstance(p, (str, list)) for p in value):
+        if len(value) > MAX_PROMPTS:
+            raise invalid("prompt", f"'prompt' has {len(value)} prompts; at most {MAX_PROMPTS}")
+        return tuple(_prompt(p) for p in value)
+    return (_prompt(value),)
+
+
 def _prompt(value: Any) -> str | list[int]:
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
-        value = value[0]  # a batch of one
     if isinstance(value, str) and value:
         return value
     if isinstance(value, list) and value and all(is_int(t) for t in value):
         return [int(t) for t in value]
     raise invalid(
         "prompt",
-        "'prompt' must be a non-empty string or an array of token ids (one prompt per request)",
+        "'prompt' must be a non-empty string, an array of token ids, or an array of those",
     )
 
 
@@ -174,17 +194,7 @@ COMMON_FIELDS: tuple[Field, ...] = (
         choices=ROUTING_MODES,
         hint="or leave it out for the server's default",
     ),
-    Refused(
-        "n",
-        "choices per request",
-        neutral=(1,),
-        hint="only n=1 is supported (send separate requests)",
-    ),
-    Refused("presence_penalty", "presence penalty", neutral=(0, 0.0), hint="leave it out or set 0"),
-    Refused(
-        "frequency_penalty", "frequency penalty", neutral=(0, 0.0), hint="leave it out or set 0"
-    ),
-    Refused("logit_bias", "token biases", neutral=({},)),
+    *SAMPLING_FIELDS,
     Accepted(
         "user",
         "an end-user id: names the request's tenant when it has no API key of its own "
@@ -223,8 +233,7 @@ CHAT_FIELDS: tuple[Field, ...] = (
         required=True,
     ),
     *COMMON_FIELDS,
-    Refused("logprobs", "log probabilities of the output tokens", neutral=(False,)),
-    Refused("top_logprobs", "most likely tokens at each position", neutral=(0,)),
+    *CHAT_LOGPROBS,
     # The tool fields are validated by ``tools.tool_request`` (the routes read them).
     Custom(
         "tools",
@@ -253,29 +262,37 @@ CHAT_FIELDS: tuple[Field, ...] = (
     Refused("web_search_options", "web search", neutral=()),
 )
 
+_ONE_PROMPT_TEXT = {"type": "string", "minLength": 1}
+_ONE_PROMPT_IDS = {
+    "type": "array",
+    "items": {"type": "integer", "minimum": 0},
+    "minItems": 1,
+    "description": "token ids, each below the model's vocabulary size",
+}
+
 COMPLETION_FIELDS: tuple[Field, ...] = (
     Custom(
         "prompt",
-        "the text to continue, or its token ids",
+        "the text to continue, or its token ids, or a list of those (a choice per prompt)",
         json_schema={
             "oneOf": [
-                {"type": "string", "minLength": 1},
+                _ONE_PROMPT_TEXT,
+                _ONE_PROMPT_IDS,
                 {
                     "type": "array",
-                    "items": {"type": "integer", "minimum": 0},
+                    "items": {"oneOf": [_ONE_PROMPT_TEXT, _ONE_PROMPT_IDS]},
                     "minItems": 1,
-                    "description": "token ids, each below the model's vocabulary size",
+                    "maxItems": MAX_PROMPTS,
+                    "description": "several prompts: a choice (n of them) per prompt",
                 },
             ]
         },
-        reader=_prompt,
+        reader=_prompts,
         required=True,
     ),
     *COMMON_FIELDS,
-    Refused("logprobs", "log probabilities of the output tokens", neutral=(0, False)),
-    Refused("echo", "the prompt echoed before the reply", neutral=(False,)),
+    *COMPLETION_CHOICES,
     Refused("suffix", "text after the completion", neutral=("",)),
-    Refused("best_of", "candidates per choice", neutral=(1,), hint="only 1 is supported"),
 )
 
 
@@ -284,12 +301,24 @@ COMPLETION_FIELDS: tuple[Field, ...] = (
 
 def parse_chat(body: Any) -> GenerationRequest:
     values = read_body(CHAT_FIELDS, _object(body))
-    return _request(values, messages=values["messages"], prompt=None)
+    request = _request(values, messages=values["messages"], prompt=None)
+    features = sampling_features(values, chat=True)
+    n = values["n"]
+    return dataclasses.replace(request, sampling={**request.sampling, **features}, n=n, best_of=n)
 
 
 def parse_completion(body: Any) -> GenerationRequest:
     values = read_body(COMPLETION_FIELDS, _object(body))
-    return _request(values, messages=None, prompt=values["prompt"])
+    prompts = values["prompt"]
+    request = _request(values, messages=None, prompt=prompts[0])
+    return dataclasses.replace(
+        request,
+        sampling={**request.sampling, **sampling_features(values, chat=False)},
+        n=values["n"],
+        best_of=best_of(values),
+        echo=values["echo"],
+        prompts=prompts,
+    )
 
 
 def _object(body: Any) -> dict[str, Any]:

@@ -33,7 +33,7 @@ class LocalPipeline:
     service: ServingService
     model: str
     max_tokens: int  # per reply, unless a request says otherwise
-    temperature: float
+    temperature: float | None  # None: the model's default (``sampling_defaults``)
 
     def request(
         self,
@@ -50,7 +50,7 @@ class LocalPipeline:
             messages=messages,
             prompt=prompt,
             max_tokens=self.max_tokens if max_tokens is None else max_tokens,
-            sampling={"temperature": chosen},
+            sampling={} if chosen is None else {"temperature": chosen},
             stream=True,
             include_usage=True,
         )
@@ -78,7 +78,7 @@ async def local_pipeline(
     n_workers: int,
     *,
     max_tokens: int,
-    temperature: float,
+    temperature: float | None,
     routing: RoutingOptions | None = None,
     disagg: DisaggOptions | None = None,
     reliability: ReliabilityOptions | None = None,

@@ -82,7 +82,9 @@ def _add_run(run: argparse.ArgumentParser) -> None:
     )
     add_engine_flags(run)
     run.add_argument("--max-tokens", type=int, default=512, help="per reply (in=text/batch)")
-    run.add_argument("--temperature", type=float, default=0.7, help="in=text/batch")
+    run.add_argument(
+        "--temperature", type=float, default=None, help="in=text/batch (default: the model's)"
+    )
     _add_common(run, require_api_key=False)
     add_disagg_arguments(run, embedded=True)
 

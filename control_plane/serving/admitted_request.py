@@ -42,10 +42,12 @@ class AdmittedRequest:
         admission: Admission,
         placer: Placer,
         tenant: TenantSlot | None = None,
+        beside: AdmittedRequest | None = None,
     ) -> AdmittedRequest:
         """Takes the request's place in its tenant's limits, its admission slot, then
-        places it; raises the ``TenantLimitError``, ``AdmissionRefusedError`` or
-        ``UnavailableError`` that refused it (holding nothing then)."""
+        places it (on ``beside``'s actor, for a sibling choice); raises the
+        ``TenantLimitError``, ``AdmissionRefusedError`` or ``UnavailableError`` that
+        refused it (holding nothing then)."""
         request_id, prompt_tokens = prepared.request_id, len(prepared.prompt_ids)
         if tenant is not None:
             tokens = prompt_tokens + prepared.params.max_tokens
@@ -58,7 +60,10 @@ class AdmittedRequest:
             raise
         admitted = cls(prepared, admission, tenant)
         try:
-            admitted._placement = placer.place(prepared)
+            if beside is None:
+                admitted._placement = placer.place(prepared)
+            else:
+                admitted._placement = placer.place_beside(beside.placement, prepared)
         except BaseException:
             admitted.release()
             raise

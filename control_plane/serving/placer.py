@@ -89,6 +89,15 @@ class Placer:
         )
         return Placement(prepared, route, prefill)
 
+    def place_beside(self, first: Placement, prepared: PreparedRequest) -> Placement:
+        """Counts a sibling of ``first`` (another choice of its prompt, ``choices``) on
+        ``first``'s actor, with the prompt's full blocks as cached: it starts once
+        ``first`` has computed them."""
+        actor, block = first.actor, first.actor.load.block_size
+        cached = (len(prepared.prompt_ids) - 1) // block * block
+        actor.reserve(prepared.request_id, len(prepared.prompt_ids), cached)
+        return Placement(prepared, Route(actor, first.route.decision, cached))
+
     def submitter(self, placement: Placement) -> Submit | None:
         """How the attempt goes out: through its prefill plan, or plainly (None)."""
         plan = placement.prefill

@@ -40,6 +40,11 @@ class GenerationRequest:
             return self.prompt_field
         return "messages" if self.messages is not None else "prompt"
 
+    n: int = 1  # choices per prompt
+    best_of: int = 1  # completions: candidates per prompt, the best n returned (>= n)
+    echo: bool = False  # completions: the prompt's text before each choice's
+    prompts: tuple[str | list[int], ...] = ()  # completions: every prompt of a list
+
     def text_bytes(self) -> int:
         """UTF-8 bytes of the prompt's text (0 for token ids): a cheap bound on its tokens."""
         if self.messages is not None:
@@ -54,6 +59,8 @@ class ServedModel:
     routing: ModelRouting
     actors: list[ActorHandle] = field(default_factory=list)
     created: int = field(default_factory=lambda: int(time.time()))
+    # For the sampling fields a request leaves out (its engine's generation config).
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)
 
     @property
     def max_model_len(self) -> int:

@@ -83,7 +83,8 @@ class ServingService:
         if model is None:
             tokenizer = tokenizer_from_files(handle.info.tokenizer_files)
             routing = ModelRouting(model_name, self.routing, self.metrics)
-            model = ServedModel(model_name, tokenizer, routing)
+            defaults = dict(handle.info.sampling_defaults)
+            model = ServedModel(model_name, tokenizer, routing, sampling_defaults=defaults)
             self.models[model_name] = model
         model.actors.append(handle)
         model.routing.add_actor(handle)
@@ -148,7 +149,8 @@ class ServingService:
                 code=CONTEXT_LENGTH_EXCEEDED,
             )
         try:
-            params = SamplingParams(**request.sampling, max_tokens=max_tokens)
+            sampling = {**model.sampling_defaults, **request.sampling}  # the request's win
+            params = SamplingParams(**sampling, max_tokens=max_tokens)
         except SamplingParamError as exc:
             raise InvalidRequestError(exc.field, str(exc)) from exc
         request_id = f"{prefix}-{uuid.uuid4().hex}"
@@ -190,15 +192,25 @@ class ServingService:
             return Tenant(key.name, key.limits)
         return Tenant(f"user:{user}" if user else ANONYMOUS, self.tenant_defaults)
 
-    def admit(self, prepared: PreparedRequest, tenant: Tenant | None = None) -> AdmittedRequest:
-        """Admits the request and places it on an actor; a ``TenantLimitError`` (a 429
+    def admit(
+        self,
+        prepared: PreparedRequest,
+        tenant: Tenant | None = None,
+        beside: AdmittedRequest | None = None,
+    ) -> AdmittedRequest:
+        """Admits the request and places it on an actor (``beside``'s, for a sibling
+        choice); a ``TenantLimitError`` (a 429
         over HTTP) when its tenant is over a limit, an ``UnavailableError`` (a 503) at an
         admission limit (or its priority class's band of it), when no actor is ready or
         every one is at an overload threshold."""
         tenant = tenant or Tenant(ANONYMOUS, self.tenant_defaults)
         try:
             return AdmittedRequest.admit(
-                prepared, self.admission, self.placer, self.tenants.slot(tenant, self.metrics)
+                prepared,
+                self.admission,
+                self.placer,
+                self.tenants.slot(tenant, self.metrics),
+                beside,
             )
         except AdmissionRefusedError as exc:
             self.metrics.admission_refused.labels(exc.limit).inc()

@@ -94,7 +94,8 @@
         body: JSON.stringify({
           model, messages, stream: true,
           max_tokens: Number($("chat-max-tokens").value) || 128,
-          temperature: Number($("chat-temperature").value),
+          // Left empty, the server applies the model's default sampling settings.
+          ...($("chat-temperature").value === "" ? {} : { temperature: Number($("chat-temperature").value) }),
           ...(tools ? { tools } : {}),
         }),
       });

@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from dynask.actors.api.outputs import FinishReason, RequestOutput, Usage
+from dynask.actors.api.outputs import FinishReason, RequestOutput, TokenLogprob, Usage
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.api.stats import EngineStats
 from dynask.actors.api.streams import RequestStream
@@ -248,8 +248,11 @@ class VLLMEngine:
         async with contextlib.aclosing(outputs):  # closing it aborts the request in vLLM
             async for output in outputs:
                 completion = output.outputs[0]
+                accepted = _push_tokens(progress, completion.token_ids)
                 step = _LastStep(
-                    int(output.num_cached_tokens or 0), _push_tokens(progress, completion.token_ids)
+                    int(output.num_cached_tokens or 0),
+                    accepted,
+                    _token_logprobs(completion.logprobs, accepted, progress.params.logprobs),
                 )
                 if output.finished:
                     reason = _FINISH_REASONS.get(completion.finish_reason or "", FinishReason.STOP)
@@ -267,10 +270,12 @@ class VLLMEngine:
         """One delta; once ``progress`` has ended it is the final one, with ``usage``."""
         if not progress.finished:
             text = progress.detokenizer.take()
-            self._fanout.publish([RequestOutput(progress.request_id, text, step.token_ids)])
+            delta = RequestOutput(progress.request_id, text, step.token_ids, logprobs=step.logprobs)
+            self._fanout.publish([delta])
             return
         usage = Usage(len(progress.prompt_token_ids), progress.num_generated, step.cached_tokens)
-        delta = replace(progress.delta(step.token_ids, error), usage=usage)
+        logprobs = step.logprobs if progress.params.logprobs is None else step.logprobs or ()
+        delta = replace(progress.delta(step.token_ids, error), usage=usage, logprobs=logprobs)
         self._load.note_finished(progress.num_generated)
         self._fanout.publish([delta])
 
@@ -281,6 +286,26 @@ class _LastStep:
 
     cached_tokens: int
     token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] | None = None  # one per token id, if asked
+
+
+def _token_logprobs(
+    positions: Any, token_ids: tuple[int, ...], wanted: int | None
+) -> tuple[TokenLogprob, ...] | None:
+    """vLLM's logprobs (per position: token id -> ``Logprob`` with its rank, the chosen
+    token always among them) as ours, for the tokens the request accepted."""
+    if wanted is None:
+        return None
+    result = []
+    for token, position in zip(token_ids, positions or (), strict=False):
+        ranked = sorted(
+            (entry.rank or 0, token_id, entry.logprob) for token_id, entry in position.items()
+        )
+        top = tuple(
+            (token_id, float(value)) for rank, token_id, value in ranked if 1 <= rank <= wanted
+        )
+        result.append(TokenLogprob(token, float(position[token].logprob), top[:wanted]))
+    return tuple(result)
 
 
 def _push_tokens(progress: RequestProgress, token_ids: Any) -> tuple[int, ...]:
@@ -308,6 +333,12 @@ def _vllm_sampling(progress: RequestProgress) -> Any:
         seed=params.seed,
         stop_token_ids=list(params.stop_token_ids),
         ignore_eos=params.ignore_eos,
+        presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
+        repetition_penalty=params.repetition_penalty,
+        logit_bias=dict(params.logit_bias) or None,
+        min_tokens=params.min_tokens,
+        logprobs=params.logprobs,
         detokenize=False,
         output_kind=RequestOutputKind.DELTA,
         structured_outputs=_vllm_structured_outputs(params.structured_output),

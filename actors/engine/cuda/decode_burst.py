@@ -41,7 +41,8 @@ def burst_steps(out: SchedulerOutput, kv: KVCacheManager, limit: int, max_model_
         seq = chunk.seq
         if chunk.num_new_tokens != 1 or seq.num_computed_tokens == 0 or not chunk.samples:
             return 1
-        if not seq.params.greedy or seq.grammar is not None:  # a grammar masks every step
+        logits_steps = seq.params.processes_logits or seq.params.logprobs is not None
+        if not seq.params.greedy or seq.grammar is not None or logits_steps:  # per-step logits
             return 1
         remaining = min(
             seq.params.max_tokens - len(seq.output_token_ids), max_model_len - seq.num_tokens

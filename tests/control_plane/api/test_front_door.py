@@ -117,9 +117,10 @@ def test_an_unknown_model_is_a_404_that_quotes_it_safely(server: str) -> None:
 @pytest.mark.parametrize(
     ("extra", "param", "code"),
     [
-        ({"repetition_penalty": 1.1}, "repetition_penalty", "unknown_parameter"),
+        ({"typical_p": 0.9}, "typical_p", "unknown_parameter"),
         ({"guided_json": {"type": "strin"}}, "guided_json", "invalid_value"),  # a bad schema
-        ({"min_tokens": 3}, "min_tokens", "unknown_parameter"),
+        ({"min_p": 0.1}, "min_p", "unknown_parameter"),
+        ({"min_tokens": 3}, "min_tokens", "invalid_value"),  # out=mocker samples no logits
         ({"response_format": {"type": "yaml"}}, "response_format", "invalid_value"),
         ({"logit_bias": {"11": 5}}, "logit_bias", "invalid_value"),
         ({"stream_options": {"include_usage": True}}, "stream_options", "invalid_value"),

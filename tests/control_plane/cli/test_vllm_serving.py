@@ -146,6 +146,37 @@ def test_chat_completion_answers_with_the_chat_template(stack: Stack, loop: Loop
     assert reply.choices[0].finish_reason == "stop"  # EOS, as vLLM saw it
 
 
+def test_logprobs_penalties_and_logit_bias_reach_vllm(
+    stack: Stack, loop: LoopThread, prompt_ids: list[int], smollm2_folder: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    greedy: dict[str, Any] = dict(model=MODEL, temperature=0, extra_body={"ignore_eos": True})
+    reply = loop.run(
+        stack.openai.completions.create(prompt=prompt_ids, max_tokens=6, logprobs=3, **greedy)
+    )
+    biased = loop.run(
+        stack.openai.completions.create(
+            prompt=prompt_ids, max_tokens=3, logit_bias={"5000": 100}, **greedy
+        )
+    )
+    penalised = loop.run(
+        stack.openai.completions.create(
+            prompt=prompt_ids, max_tokens=3, presence_penalty=2.0, min_tokens=2, **greedy
+        )
+    )
+
+    logprobs = reply.choices[0].logprobs
+    assert logprobs is not None and logprobs.tokens is not None
+    assert logprobs.token_logprobs is not None and logprobs.top_logprobs is not None
+    assert len(logprobs.tokens) == 6 and "".join(logprobs.tokens) == reply.choices[0].text
+    for value, top in zip(logprobs.token_logprobs, logprobs.top_logprobs, strict=True):
+        assert len(top) == 3 and value == pytest.approx(max(top.values()))  # greedy: the top
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_folder)
+    assert biased.choices[0].text == tokenizer.decode([5000] * 3)
+    assert penalised.usage is not None and penalised.usage.completion_tokens == 3
+
+
 def test_a_disconnect_aborts_the_request_inside_vllm(stack: Stack, loop: LoopThread) -> None:
     async def read_then_leave() -> list[dict[str, Any]]:
         stream = await stack.openai.completions.create(

@@ -24,6 +24,7 @@ from dynask.control_plane.api.chat_output import ChatOptions, ChatPlan, plan_cha
 from dynask.control_plane.api.chat_prompt import render_chat_request
 from dynask.control_plane.api.errors import APIError, from_serving
 from dynask.control_plane.api.openai_routes import read_json, tracked_outputs
+from dynask.control_plane.api.openapi_document import ApiRoute, Operation
 from dynask.control_plane.api.request_schema import parse_chat
 from dynask.control_plane.api.sse import TokenEventResponse
 from dynask.control_plane.api.tools.tool_request import parse_tool_request
@@ -47,16 +48,43 @@ def make_anthropic_routes(
         body = {**parsed.chat_body, "max_tokens": 1}
         chat = parse_chat(body)
         assert chat.messages is not None
+        service.refuse_obviously_too_long(chat)
         model = service.model(chat.model)
         engines = {a.info.engine for a in model.actors}
         tools = parse_tool_request(body)
-        text, _ = plan_chat(model.tokenizer, chat.messages, tools, options, model.name, engines)
-        tokens = len(model.tokenizer.encode(text, add_special_tokens=False))
-        return JSONResponse({"input_tokens": tokens})
 
+        def count() -> int:  # templating and tokenizing: not on the event loop
+            assert chat.messages is not None
+            text, _ = plan_chat(model.tokenizer, chat.messages, tools, options, model.name, engines)
+            return len(model.tokenizer.encode(text, add_special_tokens=False))
+
+        return JSONResponse({"input_tokens": await asyncio.to_thread(count)})
+
+    errors = {
+        "400": "invalid request (an Anthropic-shaped error)",
+        "404": "unknown model",
+        "429": "the tenant is over a limit",
+        "503": "no engine can take the request now",
+    }
     return [
-        Route("/v1/messages", _anthropic_errors(messages), methods=["POST"]),
-        Route("/v1/messages/count_tokens", _anthropic_errors(count_tokens), methods=["POST"]),
+        ApiRoute(
+            "/v1/messages",
+            _anthropic_errors(messages),
+            methods=["POST"],
+            operation=Operation(
+                "Create a message (the Anthropic Messages API; streamed with `stream: true`)",
+                {"200": "a message, or Anthropic's server-sent events when streamed"},
+                errors,
+            ),
+        ),
+        ApiRoute(
+            "/v1/messages/count_tokens",
+            _anthropic_errors(count_tokens),
+            methods=["POST"],
+            operation=Operation(
+                "Count a message request's input tokens", {"200": "`{input_tokens}`"}, errors
+            ),
+        ),
     ]
 
 

@@ -28,6 +28,7 @@ from dynask.control_plane.api.chat_output import ChatOptions, ChatOutputParser, 
 from dynask.control_plane.api.chat_prompt import render_chat_request
 from dynask.control_plane.api.errors import APIError, from_serving
 from dynask.control_plane.api.openai_routes import read_json, tracked_outputs
+from dynask.control_plane.api.openapi_document import ApiRoute, Operation
 from dynask.control_plane.api.request_schema import parse_chat
 from dynask.control_plane.api.responses.items import ResponseWriter, output_messages
 from dynask.control_plane.api.responses.request import ResponsesRequest, parse_responses
@@ -61,11 +62,34 @@ def make_responses_routes(
             raise _not_found(response_id, "response_id")
         return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
 
+    not_found = {"404": "no stored response has this id"}
     return [
-        Route("/v1/responses", create, methods=["POST"]),
-        Route("/v1/responses/{response_id}", retrieve, methods=["GET"]),
-        Route("/v1/responses/{response_id}", delete, methods=["DELETE"]),
+        ApiRoute("/v1/responses", create, methods=["POST"], operation=CREATE),
+        ApiRoute(
+            "/v1/responses/{response_id}",
+            retrieve,
+            methods=["GET"],
+            operation=Operation("Retrieve a stored response", {"200": "the response"}, not_found),
+        ),
+        ApiRoute(
+            "/v1/responses/{response_id}",
+            delete,
+            methods=["DELETE"],
+            operation=Operation("Delete a stored response", {"200": "deleted"}, not_found),
+        ),
     ]
+
+
+CREATE = Operation(
+    "Create a model response (the Responses API; streamed with `stream: true`)",
+    {"200": "a response object, or its server-sent events when streamed"},
+    {
+        "400": "invalid request (every unserved field is refused by name)",
+        "404": "unknown model or previous_response_id",
+        "429": "the tenant is over a limit",
+        "503": "no engine can take the request now",
+    },
+)
 
 
 def _not_found(response_id: str, param: str) -> APIError:

@@ -143,7 +143,7 @@ def test_the_configmaps_deploy_file_is_read_by_dynask(tmp_path: Path) -> None:
     path = tmp_path / "deploy.yaml"
     path.write_text(docs[("ConfigMap", "dynask-deployments")]["data"]["deploy.yaml"])
     plans = read_deploy_file(str(path))
-    assert [(p.name, p.spec.kind, p.spec.model, p.replicas) for p in plans] == [
+    assert [(p.name, p.engine, p.model, p.replicas) for p in plans] == [
         ("smollm2", "torch", "HuggingFaceTB/SmolLM2-135M-Instruct", 2)
     ]
 

@@ -83,10 +83,29 @@ def _short_replies(document: dict[str, Any]) -> dict[str, Any]:
     return document
 
 
+def _anthropic_error_shape(response: Response, case: Case) -> None:
+    """The Messages API answers in Anthropic's shape: ``{"type": "error", "error": {"type",
+    "message"}}``."""
+    try:
+        body = response.json()
+        ok = body["type"] == "error" and isinstance(body["error"]["message"], str)
+        ok = ok and isinstance(body["error"]["type"], str)
+    except (ValueError, KeyError, TypeError):
+        ok = False
+    if not ok:
+        raise Failure(
+            operation=case.operation.label,
+            title="Error body is not Anthropic-shaped",
+            message=f"{response.status_code}: {response.text[:300]!r}",
+        )
+
+
 def openai_error_shape(ctx: CheckContext, response: Response, case: Case) -> bool | None:
     """Every 4xx/5xx body is ``{"error": {"message", "type", "param", "code"}}``."""
     if response.status_code < 400:
         return None
+    if case.operation.path.startswith("/v1/messages"):
+        return _anthropic_error_shape(response, case)
     try:
         error = response.json()["error"]
     except (ValueError, KeyError, TypeError) as exc:

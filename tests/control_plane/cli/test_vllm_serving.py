@@ -162,7 +162,11 @@ def test_logprobs_penalties_and_logit_bias_reach_vllm(
     )
     penalised = loop.run(
         stack.openai.completions.create(
-            prompt=prompt_ids, max_tokens=3, presence_penalty=2.0, min_tokens=2, **greedy
+            prompt=prompt_ids,
+            max_tokens=3,
+            presence_penalty=2.0,
+            extra_body={"min_tokens": 2},  # not an OpenAI parameter: the client sends it so
+            **greedy,
         )
     )
 

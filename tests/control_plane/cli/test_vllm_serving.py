@@ -165,8 +165,8 @@ def test_logprobs_penalties_and_logit_bias_reach_vllm(
             prompt=prompt_ids,
             max_tokens=3,
             presence_penalty=2.0,
-            extra_body={"min_tokens": 2},  # not an OpenAI parameter: the client sends it so
-            **greedy,
+            # min_tokens is not an OpenAI parameter: it travels in the body's extras
+            **{**greedy, "extra_body": {**greedy.get("extra_body", {}), "min_tokens": 2}},
         )
     )
 

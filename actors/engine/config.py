@@ -20,6 +20,8 @@ class EngineConfig:
     decode steps of 1 to ``max_num_seqs`` rows at start-up (off: every step runs eagerly).
     ``decode_burst`` runs up to that many greedy decode-only steps back to back with one
     host sync (module ``decode_burst``); 1, the default, turns bursts off.
+    ``async_scheduling`` launches each decode step before the host applies the one before
+    (``cuda.overlap``); None, the default, turns it on for CUDA devices only.
     ``max_prefill_tokens_with_decodes`` caps the prefill tokens of a step that also has
     decode rows (chunked prefill that keeps inter-token latency smooth; None: no cap).
     ``kv_host_gb`` / ``kv_disk_gb`` (10^9 bytes; 0 = off) add the offload tiers below the
@@ -41,6 +43,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     cuda_graphs: bool = True  # decode steps replayed from CUDA graphs (CUDA only)
     decode_burst: int = 1  # greedy decode steps per host sync (1: off)
+    async_scheduling: bool | None = None  # next decode step launched first (None: on CUDA)
     max_prefill_tokens_with_decodes: int | None = None  # None: prefill takes the budget
     seed: int = 0
     kv_host_gb: float = 0.0
@@ -120,6 +123,11 @@ class EngineConfig:
     def has_offload_tiers(self) -> bool:
         """Whether a host or disk tier sits below the KV cache."""
         return self.kv_host_gb > 0 or self.kv_disk_gb > 0
+
+    def async_scheduling_on(self) -> bool:
+        if self.async_scheduling is not None:
+            return self.async_scheduling
+        return self.torch_device().type == "cuda"
 
     def torch_device(self) -> torch.device:
         if self.device == "auto":

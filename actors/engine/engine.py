@@ -1,7 +1,10 @@
 """The built-in engine: paged KV cache, continuous batching, prefix caching.
 
 One step reads as three calls — ``scheduler.schedule()`` → ``runner.run(chunks)`` →
-``scheduler.postprocess(out, tokens)`` — followed by handing each request its delta.
+``scheduler.postprocess(out, tokens)`` — followed by handing each request its delta. With
+asynchronous scheduling (``cuda.overlap``, on by default on CUDA) a decode-only step is
+launched instead, and each later ``step()`` launches the next decode step before it
+applies the one in flight, so the host's work runs while the GPU computes.
 Other threads talk to the engine only through a thread-safe inbox (add, abort), so the
 scheduler, block pool and model are touched by the engine thread alone; ``export_kv``,
 ``import_kv`` and ``kv_cache_dump`` take the step lock instead.
@@ -24,12 +27,14 @@ from dynask.actors.api.stats import EngineStats
 from dynask.actors.api.streams import OutputFanout, OutputListener, RequestStream
 from dynask.actors.engine.config import EngineConfig
 from dynask.actors.engine.cuda.decode_burst import burst_steps
+from dynask.actors.engine.cuda.overlap import AsyncDecodes
 from dynask.actors.engine.detokenizer import IncrementalDetokenizer
 from dynask.actors.engine.engine_parts import EngineParts, build_engine_parts
 from dynask.actors.engine.grammar.structured_output import GrammarState, StructuredOutputs
 from dynask.actors.engine.kv_manager import KVCacheManager, PrefixHit
 from dynask.actors.engine.kv_tiers import offload_stats
 from dynask.actors.engine.logits.processing import check_logits_params
+from dynask.actors.engine.model_runner import ModelRunner
 from dynask.actors.engine.sampling import request_seed
 from dynask.actors.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from dynask.actors.engine.sequence import AbortRequest, Sequence, SequenceStatus, check_prompt
@@ -63,6 +68,11 @@ class LLMEngine:
         )
         self.kv_events = self.parts.event_log
         self.decode_burst = config.decode_burst
+        self.async_decodes: AsyncDecodes | None = None  # asynchronous scheduling, if on
+        if config.async_scheduling_on() and isinstance(self.parts.runner, ModelRunner):
+            self.async_decodes = AsyncDecodes(
+                self.parts.runner, self.scheduler, self.parts.kv_manager, self.max_model_len
+            )
         self.structured_outputs = StructuredOutputs(
             self.tokenizer, self.parts.model_config.vocab_size, self.parts.eos_token_ids
         )
@@ -243,7 +253,7 @@ class LLMEngine:
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
-            if not self.scheduler.has_work() and self._inbox.empty():
+            if not self.scheduler.has_work() and self._inbox.empty() and not self._in_flight():
                 self._wakeup.wait()
                 self._wakeup.clear()
                 continue
@@ -257,22 +267,47 @@ class LLMEngine:
                 self._wakeup.clear()
 
     def step(self) -> list[RequestOutput]:
-        """One scheduling step: schedule, run the model, apply results, emit deltas."""
+        """One scheduling step: schedule, run the model, apply results, emit deltas.
+
+        With a decode step in flight (asynchronous scheduling) it launches the next one,
+        then applies the one in flight; when the next cannot overlap, it applies the one
+        in flight and runs a scheduled step as well.
+        """
         with self._step_lock:
             outputs = self._drain_inbox()
-            out = self.scheduler.schedule()
-            self._idle_step = not out.chunks
-            steps = self._burst_steps(out)
-            if steps > 1:
-                outputs += self._run_burst(out, steps)
-            elif out.chunks:
-                tokens = self.parts.runner.run(out.chunks)
-                advanced = self.scheduler.postprocess(out, tokens)
-                outputs += [self._delta(seq) for seq in advanced]
-                self._counters["generated_tokens"] += len(advanced)
-                self._counters["steps"] += 1
+            if self.async_decodes is not None and self.async_decodes.inflight is not None:
+                outputs += self._advance_async()
+            if not self._in_flight():
+                outputs += self._scheduled_step()
         self._publish(outputs)
         return outputs
+
+    def _in_flight(self) -> bool:
+        return self.async_decodes is not None and self.async_decodes.inflight is not None
+
+    def _scheduled_step(self) -> list[RequestOutput]:
+        out = self.scheduler.schedule()
+        self._idle_step = not out.chunks
+        if self.async_decodes is not None and self.async_decodes.start(out):
+            return self._advance_async()
+        steps = self._burst_steps(out)
+        if steps > 1:
+            return self._run_burst(out, steps)
+        if not out.chunks:
+            return []
+        tokens = self.parts.runner.run(out.chunks)
+        advanced = self.scheduler.postprocess(out, tokens)
+        self._counters["generated_tokens"] += len(advanced)
+        self._counters["steps"] += 1
+        return [self._delta(seq) for seq in advanced]
+
+    def _advance_async(self) -> list[RequestOutput]:
+        assert self.async_decodes is not None
+        may_continue = not self.scheduler.waiting and self._inbox.empty()
+        advanced = self.async_decodes.advance(may_continue)
+        self._counters["generated_tokens"] += len(advanced)
+        self._counters["steps"] += 1
+        return [self._delta(seq) for seq in advanced]
 
     def _burst_steps(self, out: SchedulerOutput) -> int:
         if self.decode_burst <= 1 or self.scheduler.waiting or not self._inbox.empty():
@@ -341,6 +376,8 @@ class LLMEngine:
 
     def _fail_in_flight(self) -> None:
         with self._step_lock:
+            if self.async_decodes is not None:
+                self.async_decodes.drop()
             seqs = list(self.scheduler.running) + list(self.scheduler.waiting)
             outputs = []
             for seq in seqs:

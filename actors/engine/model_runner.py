@@ -17,14 +17,16 @@ from dataclasses import dataclass
 
 import torch
 
+from dynask.actors.engine.cuda.overlap import PendingTokens
 from dynask.actors.engine.cuda.step import CudaLayout, DecodeGraphs, build_cuda_inputs
 from dynask.actors.engine.cuda.triton_attention import compile_paged_prefill
 from dynask.actors.engine.grammar.structured_output import LogitsMask, advance_grammars
 from dynask.actors.engine.logits.logprobs import compute_logprobs
 from dynask.actors.engine.logits.processing import process_logits
 from dynask.actors.engine.model import CausalLM
-from dynask.actors.engine.sampling import sample
+from dynask.actors.engine.sampling import draw_generator, sample, sample_tensor
 from dynask.actors.engine.scheduler import ScheduledChunk
+from dynask.actors.engine.sequence import Sequence
 from dynask.actors.engine.step_plan import StepPlan, StepRows, block_ids, is_decode, slot_of
 from dynask.kv.block import ceil_div
 
@@ -151,6 +153,54 @@ class ModelRunner:
             results.append(ids)
         return results
 
+    @torch.inference_mode()
+    def launch_decode(
+        self, seqs: list[Sequence], previous: PendingTokens | None, rows: list[int]
+    ) -> PendingTokens:
+        """Launches a decode step of ``seqs`` and returns its sampled ids, not waiting for them
+        (asynchronous scheduling, ``cuda.overlap``).
+
+        Without ``previous`` each row's input is its sequence's last token. With it, the
+        input is the token ``previous`` sampled at ``rows[i]``, which the host has not
+        applied yet: the row sits one position further on, in a slot already reserved.
+        With a CUDA graph for the batch nothing here waits for the GPU; otherwise (the CPU)
+        the step runs eagerly, after reading ``previous``.
+        """
+        ahead = 0 if previous is None else 1
+        block_size = self.spec.block_size
+        positions = [seq.num_computed_tokens + ahead for seq in seqs]
+        slots = [slot_of(seq, p, block_size) for seq, p in zip(seqs, positions, strict=True)]
+        tables = [block_ids(seq, p + 1, block_size) for seq, p in zip(seqs, positions, strict=True)]
+        graphs = self.graphs
+        ids: list[int] | torch.Tensor
+        if previous is None:
+            ids = [_last_token(seq) for seq in seqs]
+        elif graphs is not None and graphs.bucket_for(len(seqs)):
+            ids = previous.device_tokens
+            if rows != list(range(len(ids))):
+                ids = ids[torch.tensor(rows, device=ids.device)]
+        else:
+            earlier = previous.tokens()
+            ids = [earlier[row] for row in rows]
+        if graphs is not None and graphs.bucket_for(len(seqs)):
+            logits = graphs.launch(ids, positions, slots, tables)
+        else:
+            assert isinstance(ids, list)
+            plan = StepPlan.decode(seqs, StepRows(ids, positions, slots), tables)
+            every = list(range(len(seqs)))
+            step_logits = self._logits(plan, every, every)
+            assert step_logits is not None  # every row samples
+            logits = step_logits
+        params = [seq.params for seq in seqs]
+        if all(p.greedy for p in params):
+            return PendingTokens(logits.argmax(dim=-1))
+        # The draw for the token at position p + 1 (``Sequence.next_draw`` once applied).
+        draws = [
+            draw_generator(seq.generator, seq.seed, p + 1)
+            for seq, p in zip(seqs, positions, strict=True)
+        ]
+        return PendingTokens(sample_tensor(logits, params, draws))
+
     def _logits(
         self, plan: StepPlan, ordered: list[int], sampled_rows: list[int]
     ) -> torch.Tensor | None:
@@ -198,3 +248,7 @@ class ModelRunner:
         for layer, (k_cache, v_cache) in enumerate(self.kv_caches):
             k_cache.index_copy_(0, ids, kv[layer, 0])
             v_cache.index_copy_(0, ids, kv[layer, 1])
+
+
+def _last_token(seq: Sequence) -> int:
+    return seq.output_token_ids[-1] if seq.output_token_ids else seq.prompt_token_ids[-1]

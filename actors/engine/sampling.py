@@ -54,7 +54,7 @@ def sample(
 ) -> list[int]:
     """Picks one token per row of ``logits`` ([rows, vocab], float32)."""
     if logits.device.type != "cpu":
-        return _sample_on_device(logits, params, generators)
+        return [int(t) for t in _sample_on_device(logits, params, generators).tolist()]
     chosen = logits.argmax(dim=-1).tolist()
     for row, row_params in enumerate(params):
         if not row_params.greedy:
@@ -82,9 +82,18 @@ def _top_p_filter(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     return scores.masked_fill(drop, float("-inf"))
 
 
+def sample_tensor(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]
+) -> torch.Tensor:
+    """``sample`` as a tensor of ids where the logits are: on a GPU nothing waits for it."""
+    if logits.device.type != "cpu":
+        return _sample_on_device(logits, params, generators)
+    return torch.tensor(sample(logits, params, generators), dtype=torch.long)
+
+
 def _sample_on_device(
     logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]
-) -> list[int]:
+) -> torch.Tensor:
     chosen = logits.argmax(dim=-1)
     noise: torch.Generator | None = None
     for row, row_params in enumerate(params):
@@ -93,7 +102,7 @@ def _sample_on_device(
         noise = noise or torch.Generator(device=logits.device)
         seed = generators[row].initial_seed()  # the row's draw seed (``draw_generator``)
         chosen[row] = _race_row(logits[row], row_params, noise.manual_seed(seed))
-    return [int(t) for t in chosen.tolist()]
+    return chosen
 
 
 def _race_row(logits: torch.Tensor, params: SamplingParams, noise: torch.Generator) -> torch.Tensor:

@@ -59,6 +59,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path]:
         default=(1,),
         help="engine's decode_burst (1: off); several (1,8): each batch runs with each",
     )
+    parser.add_argument(
+        "--async-scheduling",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="engine's async_scheduling (auto: on for CUDA)",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     batches = args.batches or (QUICK_BATCHES if args.quick else FULL_BATCHES)
@@ -83,5 +89,6 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path]:
         gpu_memory_utilization=args.gpu_memory_utilization,
         vllm=args.vllm,
         decode_bursts=args.decode_burst,
+        async_scheduling=args.async_scheduling,
     )
     return config, args.out

@@ -136,6 +136,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-batched-tokens", type=int, default=2048)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--caps", default="none,1024,512,256", help="comma-separated; none")
+    parser.add_argument("--async-scheduling", choices=("auto", "on", "off"), default="auto")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return parser.parse_args(argv)
 
@@ -172,6 +173,7 @@ def main(argv: list[str] | None = None) -> None:
         max_num_seqs=max(64, args.clients),
         max_batched_tokens=args.max_batched_tokens,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        async_scheduling=args.async_scheduling,
     )
     facts = machine_facts()
     if args.device.startswith("cuda"):

@@ -33,6 +33,7 @@ class BenchConfig:
     gpu_memory_utilization: float = 0.9
     vllm: bool = False  # also run out=vllm on the same prompts (engine_vllm.py)
     decode_bursts: tuple[int, ...] = (1,)  # the engine's decode_burst, one pass per value
+    async_scheduling: str = "auto"  # the engine's: auto (on for CUDA), on, off
 
 
 @dataclass(frozen=True)

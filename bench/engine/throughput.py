@@ -305,6 +305,7 @@ def build_engine(config: BenchConfig) -> tuple[LLMEngine, Any | None]:
         gpu_memory_utilization=config.gpu_memory_utilization,
         max_model_len=max(lengths) if config.random_model else None,
         decode_burst=max(config.decode_bursts),
+        async_scheduling={"auto": None, "on": True, "off": False}[config.async_scheduling],
     )
     device = engine_config.torch_device()
     dtype = engine_config.torch_dtype(device)

@@ -182,15 +182,36 @@ class DecodeGraphs:
 
     def replay(self, tokens: StepRows, tables: list[list[int]]) -> torch.Tensor:
         """Logits ``[rows, vocab]`` of a decode-only step (one token row per table)."""
+        return self.launch(tokens.ids, tokens.positions, tokens.slots, tables)
+
+    def launch(
+        self,
+        ids: list[int] | torch.Tensor,
+        positions: list[int],
+        slots: list[int],
+        tables: list[list[int]],
+    ) -> torch.Tensor:
+        """Replays the graph of a decode step; nothing waits for the GPU.
+
+        ``ids`` may be a device tensor (the previous step's sampled ids, not yet read
+        back: asynchronous scheduling), copied into the graph's input on the device.
+        Returns the logits ``[rows, vocab]``, a view of the graph's output that the next
+        replay of the same bucket overwrites.
+        """
         rows = len(tables)
         batch = self.bucket_for(rows)
         if batch is None:
             raise ValueError(f"decode batch of {rows} rows exceeds the largest graph bucket")
         width = max(len(t) for t in tables)
-        lengths = [p + 1 for p in tokens.positions]
-        host = torch.tensor(tokens.columns())
-        self._longs[:, :rows].copy_(host.pin_memory(), non_blocking=True)
-        self._lens[:rows].copy_(torch.tensor(lengths, dtype=torch.int32).pin_memory(), True)
+        if isinstance(ids, torch.Tensor):
+            host = torch.tensor([positions, slots])
+            self._longs[1:, :rows].copy_(host.pin_memory(), non_blocking=True)
+            self._longs[0, :rows].copy_(ids)
+        else:
+            host = torch.tensor([ids, positions, slots])
+            self._longs[:, :rows].copy_(host.pin_memory(), non_blocking=True)
+        lengths = torch.tensor([p + 1 for p in positions], dtype=torch.int32)
+        self._lens[:rows].copy_(lengths.pin_memory(), non_blocking=True)
         host_tables = torch.tensor([block_row(t, width) for t in tables], dtype=torch.int32)
         self._tables[:rows, :width].copy_(host_tables.pin_memory(), non_blocking=True)
         if rows < batch:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The H200 runs of issues 8 and 19, as sent through the device tool from the repository root:
-#   bash bench/h200.sh [tests,bench,mixed,stack,profile | all]   (comma-separated, run in order)
+#   bash bench/h200.sh [tests,bench,mixed,stack,profile | all | setup]   (comma-separated, in order)
 # It needs the ignored folder .devcarry/ (carried with the call): whl/ holds the wheels the
 # device image lacks (xxhash; for `stack` also dask, distributed, starlette, ...: see
 # bench/README.md), tokenizer/ the SmolLM2 tokenizer files. Logs and the JSON go to $OUT
@@ -60,6 +60,8 @@ run_profile() {
         --tokenizer .devcarry/tokenizer --batches 1,16,64,256 --prompt-len 512 \
         --max-batched-tokens 8192 2>&1 | grep -v '^\s*$' | tee "$OUT/profile.log"
 }
+
+run_setup() { :; }  # the wheels and the versions above only
 
 for part in ${what//,/ }; do
     "run_$part"

@@ -178,7 +178,8 @@ class ModelRunner:
         elif graphs is not None and graphs.bucket_for(len(seqs)):
             ids = previous.device_tokens
             if rows != list(range(len(ids))):
-                ids = ids[torch.tensor(rows, device=ids.device)]
+                picked = torch.tensor(rows).pin_memory().to(ids.device, non_blocking=True)
+                ids = ids[picked]  # a plain .to() of a pageable list would wait for the GPU
         else:
             earlier = previous.tokens()
             ids = [earlier[row] for row in rows]

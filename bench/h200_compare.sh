@@ -28,7 +28,7 @@ fi
 args+=(${EXTRA:-})  # more arguments for both sides (the last of a flag wins)
 (cd "$base" && PYTHONPATH=/tmp/nsb:$PWD:/tmp/site timeout 150 python3 "${base_module[@]}" \
     "${args[@]}" --tokenizer ../.devcarry/tokenizer --out "$OUT/${TAG:-$what}-base.json" 2>&1 \
-    | grep -v "triton compile" | tail -n 14 | tee "$OUT/compare-${TAG:-$what}-base.log")
+    | grep -v "triton compile" | tail -n 34 | tee "$OUT/compare-${TAG:-$what}-base.log")
 PYTHONPATH=/tmp/ns:$PWD:/tmp/site timeout 150 python3 "${module[@]}" "${args[@]}" \
     --tokenizer .devcarry/tokenizer --out "$OUT/${TAG:-$what}-new.json" 2>&1 \
-    | grep -v "triton compile" | tail -n 14 | tee "$OUT/compare-${TAG:-$what}-new.log"
+    | grep -v "triton compile" | tail -n 34 | tee "$OUT/compare-${TAG:-$what}-new.log"

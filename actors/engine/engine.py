@@ -269,15 +269,15 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One scheduling step: schedule, run the model, apply results, emit deltas.
 
-        With a decode step in flight (asynchronous scheduling) it launches the next one,
-        then applies the one in flight; when the next cannot overlap, it applies the one
-        in flight and runs a scheduled step as well.
+        With a decode step in flight (asynchronous scheduling) it launches the next one
+        when it can, then applies the one in flight: one step's tokens per call, so a
+        request's deltas keep their own step's time (the scheduler runs on the next call).
         """
         with self._step_lock:
             outputs = self._drain_inbox()
-            if self.async_decodes is not None and self.async_decodes.inflight is not None:
+            if self._in_flight():
                 outputs += self._advance_async()
-            if not self._in_flight():
+            else:
                 outputs += self._scheduled_step()
         self._publish(outputs)
         return outputs
@@ -288,11 +288,11 @@ class LLMEngine:
     def _scheduled_step(self) -> list[RequestOutput]:
         out = self.scheduler.schedule()
         self._idle_step = not out.chunks
-        if self.async_decodes is not None and self.async_decodes.start(out):
-            return self._advance_async()
-        steps = self._burst_steps(out)
+        steps = self._burst_steps(out)  # bursts, when configured, come first
         if steps > 1:
             return self._run_burst(out, steps)
+        if self.async_decodes is not None and self.async_decodes.start(out):
+            return self._advance_async()
         if not out.chunks:
             return []
         tokens = self.parts.runner.run(out.chunks)

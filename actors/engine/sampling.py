@@ -54,7 +54,7 @@ def sample(
 ) -> list[int]:
     """Picks one token per row of ``logits`` ([rows, vocab], float32)."""
     if logits.device.type != "cpu":
-        return [int(t) for t in _sample_on_device(logits, params, generators).tolist()]
+        return _sample_on_device(logits, params, generators)
     chosen = logits.argmax(dim=-1).tolist()
     for row, row_params in enumerate(params):
         if not row_params.greedy:
@@ -87,11 +87,17 @@ def sample_tensor(
 ) -> torch.Tensor:
     """``sample`` as a tensor of ids where the logits are: on a GPU nothing waits for it."""
     if logits.device.type != "cpu":
-        return _sample_on_device(logits, params, generators)
+        return _chosen_on_device(logits, params, generators)
     return torch.tensor(sample(logits, params, generators), dtype=torch.long)
 
 
 def _sample_on_device(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]
+) -> list[int]:
+    return [int(t) for t in _chosen_on_device(logits, params, generators).tolist()]
+
+
+def _chosen_on_device(
     logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]
 ) -> torch.Tensor:
     chosen = logits.argmax(dim=-1)

@@ -15,7 +15,7 @@ export DYNASK_TEST_TOKENIZER=$PWD/.devcarry/tokenizer DYNASK_CACHE_DIR=/tmp/dyna
 EXTRA="--prefill-lens 512,8192" bash bench/h200_compare.sh base throughput
 CAPS=none,512 bash bench/h200_compare.sh base mixed
 rm -f "$OUT"/compare-*.log  # the JSON holds it all; at most 8 files come back
-left=$((585 - SECONDS))
+left=$((${TEST_BUDGET:-585} - SECONDS))
 first="test_async_scheduling test_sampling_features test_structured_output test_sampling_draws
        test_sliding_window test_cuda_graphs test_hf_equivalence test_decode_burst test_requests"
 files=""

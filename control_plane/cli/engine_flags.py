@@ -36,6 +36,12 @@ class EngineFlags:
         type=int,
     )
     decode_burst: int | None = flag("--decode-burst", None, "greedy steps per sync", type=int)
+    async_scheduling: bool | None = flag(
+        "--async-scheduling",
+        None,
+        "launch each decode step before applying the last (default: on for CUDA)",
+        action=argparse.BooleanOptionalAction,
+    )
     block_size: int | None = flag("--block-size", None, "tokens per KV block", type=int)
     gpu_memory_utilization: float | None = flag("--gpu-memory-utilization", None, type=float)
     tensor_parallel_size: int | None = flag("--tensor-parallel-size", None, "out=vllm", type=int)

@@ -24,6 +24,7 @@ from dynask.control_plane.api.app import build_app
 from dynask.control_plane.api.chat_output import ChatOptions
 from dynask.control_plane.api.engines_routes import make_engines_routes
 from dynask.control_plane.api.key_guard import ApiKeyGuard, RequireApiKey
+from dynask.control_plane.cluster.gpu_placement import WorkerPlacement
 from dynask.control_plane.cluster.reconciler import ClusterRuntime
 from dynask.control_plane.cluster.state_sync import (
     ActorRecorder,
@@ -80,6 +81,7 @@ class ServerOptions:
     routing: RoutingOptions = field(default_factory=RoutingOptions)
     scheduler_address: str | None = None  # None: an embedded LocalCluster
     n_workers: int = 1
+    gpu_placements: tuple[WorkerPlacement, ...] = ()  # embedded workers' GPUs (none: no pin)
     who: str = "cli"  # recorded in the event log
     disagg: DisaggOptions = field(default_factory=DisaggOptions)  # prefill/decode roles
     reliability: ReliabilityOptions = field(default_factory=ReliabilityOptions)
@@ -121,6 +123,7 @@ class ControlPlane:
             options.scheduler_address,
             options.n_workers,
             on_actor_event=self.recorder,
+            gpu_placements=options.gpu_placements,
         )
         self.startup_error: BaseException | None = None
         self._all_ready: asyncio.Task[None] | None = None

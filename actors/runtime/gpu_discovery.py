@@ -2,11 +2,17 @@
 
 On a machine without NVIDIA's library, ``nvmlInit`` raises ``NVMLError_LibraryNotFound``:
 that means "no GPU" and is reported as an empty list, never a crash.
+
+NVML sees every GPU of the host whatever ``CUDA_VISIBLE_DEVICES`` says; a worker reports
+only the GPUs its process may use (``visible_gpus``), so the Workers page shows the GPU
+each engine holds.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -24,6 +30,27 @@ class GPUInfo:
     memory_total: int  # bytes
     memory_used: int
     utilization: int  # percent
+    uuid: str = ""  # NVML's "GPU-..." identifier
+
+
+def process_gpus() -> list[GPUInfo]:
+    """The GPUs this process may use (``CUDA_VISIBLE_DEVICES`` applied to the host's)."""
+    return visible_gpus(os.environ, discover_gpus())
+
+
+def visible_gpus(env: Mapping[str, str], gpus: Sequence[GPUInfo]) -> list[GPUInfo]:
+    """The GPUs that ``CUDA_VISIBLE_DEVICES`` (indices or UUID prefixes) names, in its
+    order; all of them when it is unset."""
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return list(gpus)
+    chosen: list[GPUInfo] = []
+    for item in (part.strip() for part in visible.split(",")):
+        match = [g for g in gpus if item and (str(g.index) == item or g.uuid.startswith(item))]
+        if not match:
+            break  # CUDA ignores everything from the first entry it cannot resolve
+        chosen.append(match[0])
+    return chosen
 
 
 def discover_gpus() -> list[GPUInfo]:
@@ -49,11 +76,16 @@ def _read_gpu(pynvml: Any, index: int) -> GPUInfo:
     name = pynvml.nvmlDeviceGetName(handle)
     return GPUInfo(
         index=index,
-        name=name.decode() if isinstance(name, bytes) else str(name),
+        name=_text(name),
         memory_total=int(memory.total),
         memory_used=int(memory.used),
         utilization=int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu),
+        uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
     )
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class GPUDiscoveryPlugin(WorkerPlugin):
@@ -62,11 +94,11 @@ class GPUDiscoveryPlugin(WorkerPlugin):
     name = PLUGIN_NAME
 
     def setup(self, worker: Any) -> None:
-        worker.extensions[PLUGIN_NAME] = [asdict(gpu) for gpu in discover_gpus()]
+        worker.extensions[PLUGIN_NAME] = [asdict(gpu) for gpu in process_gpus()]
 
 
 def worker_gpus(dask_worker: Any) -> list[dict[str, Any]]:
-    """For ``client.run``: fresh GPU readings of this worker (memory and utilisation)."""
-    gpus = [asdict(gpu) for gpu in discover_gpus()]
+    """For ``client.run``: fresh readings (memory and utilisation) of this worker's GPUs."""
+    gpus = [asdict(gpu) for gpu in process_gpus()]
     dask_worker.extensions[PLUGIN_NAME] = gpus
     return gpus

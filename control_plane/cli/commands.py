@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING
 from dynask.control_plane.cli.disagg_flags import disagg_options, embedded_deployments
 from dynask.control_plane.cli.engine_flags import engine_args
 from dynask.control_plane.cluster.deploy_file import read_deploy_file
+from dynask.control_plane.cluster.gpu_placement import WorkerPlacement, placements_for_run
 from dynask.control_plane.cluster.plan import engine_spec, served_name
 from dynask.control_plane.state.deployment import BUNDLED_MODEL, DeploymentSpec
 
@@ -18,6 +20,7 @@ if TYPE_CHECKING:
 
 IN_MODES = ("http", "text", "batch:FILE.jsonl")
 ENGINE_FORMS = ("torch", "vllm", "echo", "mocker", "python:FILE.py")
+GPU_ENGINES = ("torch", "vllm")  # the engines that take a GPU and a memory fraction
 
 
 def _check_input(mode: str) -> None:
@@ -50,15 +53,45 @@ def run_command(args: argparse.Namespace, extensions: Sequence[Extension] = ()) 
     )
     engine_spec(aggregated)  # the engine factory's own checks, before any worker starts
     deployments, n_workers = embedded_deployments(args, aggregated)
+    placements = _gpu_placements(args, deployments, n_workers)
+    if placements:
+        deployments = [_with_fraction(d, placements[0].fraction) for d in deployments]
     if args.input == "http":
         return _serve_http(
-            args, deployments, scheduler=None, n_workers=n_workers, extensions=extensions
+            args,
+            deployments,
+            scheduler=None,
+            n_workers=n_workers,
+            extensions=extensions,
+            placements=placements,
         )
-    return _run_local(args, deployments, n_workers, model)
+    return _run_local(args, deployments, n_workers, model, placements)
+
+
+def _gpu_placements(
+    args: argparse.Namespace, deployments: list[DeploymentSpec], n_workers: int
+) -> list[WorkerPlacement]:
+    """One GPU per worker (or several engines per GPU), for engines that run on GPUs."""
+    from dynask.actors.runtime.gpu_discovery import discover_gpus
+
+    if any(d.engine not in GPU_ENGINES for d in deployments):
+        return []
+    return placements_for_run(
+        n_workers, args.device, discover_gpus(), args.engines_per_gpu, args.gpu_memory_utilization
+    )
+
+
+def _with_fraction(deployment: DeploymentSpec, fraction: float) -> DeploymentSpec:
+    engine_args = {"gpu_memory_utilization": fraction, **deployment.engine_args}
+    return dataclasses.replace(deployment, engine_args=engine_args)
 
 
 def _run_local(
-    args: argparse.Namespace, deployments: list[DeploymentSpec], n_workers: int, model: str | None
+    args: argparse.Namespace,
+    deployments: list[DeploymentSpec],
+    n_workers: int,
+    model: str | None,
+    placements: Sequence[WorkerPlacement] = (),
 ) -> int:
     """``in=text`` / ``in=batch``: the serving pipeline over an embedded cluster, no HTTP."""
     import asyncio
@@ -82,6 +115,7 @@ def _run_local(
             routing=options.routing,
             disagg=options.disagg,
             reliability=options.reliability,
+            placements=placements,
         ) as pipeline:
             if batch_file is not None:
                 return await run_batch(pipeline, batch_file, items)
@@ -126,15 +160,19 @@ def _serve_http(
     scheduler: str | None,
     n_workers: int,
     extensions: Sequence[Extension] = (),
+    placements: Sequence[WorkerPlacement] = (),
 ) -> int:
     from dynask.control_plane.server import ControlPlane
 
-    options = _server_options(args, scheduler, n_workers)
+    options = _server_options(args, scheduler, n_workers, placements)
     return ControlPlane(deployments, options, extensions).serve()
 
 
 def _server_options(
-    args: argparse.Namespace, scheduler: str | None, n_workers: int
+    args: argparse.Namespace,
+    scheduler: str | None,
+    n_workers: int,
+    placements: Sequence[WorkerPlacement] = (),
 ) -> ServerOptions:
     """The ``ServerOptions`` the flags ask for."""
     from dynask.control_plane.cli.chat_flags import chat_options
@@ -150,6 +188,7 @@ def _server_options(
         routing=options_from(args, RoutingOptions),
         scheduler_address=scheduler,
         n_workers=n_workers,
+        gpu_placements=tuple(placements),
         disagg=disagg_options(args),
         reliability=reliability_options(args),
         tenant_defaults=tenant_defaults(args),

@@ -8,12 +8,13 @@ and a request behaves as it would over the API.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from dynask.actors.api.outputs import RequestOutput
+from dynask.control_plane.cluster.gpu_placement import WorkerPlacement
 from dynask.control_plane.cluster.reconciler import ClusterRuntime
 from dynask.control_plane.disagg.orchestrator import DisaggOptions
 from dynask.control_plane.reliability.options import ReliabilityOptions
@@ -82,11 +83,14 @@ async def local_pipeline(
     routing: RoutingOptions | None = None,
     disagg: DisaggOptions | None = None,
     reliability: ReliabilityOptions | None = None,
+    placements: Sequence[WorkerPlacement] = (),
 ) -> AsyncIterator[LocalPipeline]:
     """Starts an embedded cluster with ``deployments`` (returns once their engines are
     ready) and stops it on the way out."""
     service = ServingService(ServingMetrics(), routing, disagg, reliability)
-    runtime = ClusterRuntime(service, deployments, scheduler_address=None, n_workers=n_workers)
+    runtime = ClusterRuntime(
+        service, deployments, scheduler_address=None, n_workers=n_workers, gpu_placements=placements
+    )
     try:
         await runtime.start()
         model = deployments[0].model_name

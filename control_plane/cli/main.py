@@ -80,6 +80,13 @@ def _add_run(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--workers", type=int, default=1, help="local worker processes (1 engine each)"
     )
+    run.add_argument(
+        "--engines-per-gpu",
+        type=int,
+        default=None,
+        help="engines sharing one GPU (default 1: one GPU per worker, round robin; "
+        "each gets --gpu-memory-utilization, default 0.9 / N)",
+    )
     add_engine_flags(run)
     run.add_argument("--max-tokens", type=int, default=512, help="per reply (in=text/batch)")
     run.add_argument(

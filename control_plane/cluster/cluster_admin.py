@@ -75,7 +75,8 @@ class ClusterAdmin:
         address = self.scheduler_address or "tcp://SCHEDULER:8786"
         return {
             "cpu": f"dask worker {address} --nthreads 4",
-            "gpu": f"dask worker {address} --nthreads 1 --resources GPU=1",
+            # One per GPU, each pinned: NVML and CUDA show every GPU to an unpinned worker.
+            "gpu": f"CUDA_VISIBLE_DEVICES=0 dask worker {address} --nthreads 1 --resources GPU=1",
             "cuda": f"dask cuda worker {address} --resources GPU=1",
         }
 

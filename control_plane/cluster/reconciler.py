@@ -20,7 +20,7 @@ import contextlib
 import logging
 import os
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from distributed import Client, LocalCluster
@@ -29,6 +29,7 @@ from dynask.actors.api.actor_info import ActorInfo
 from dynask.actors.runtime.engine_actor import EngineActor
 from dynask.actors.runtime.gpu_discovery import GPUDiscoveryPlugin
 from dynask.control_plane.cluster import adoption as actor_adoption
+from dynask.control_plane.cluster.gpu_placement import PinnedLocalCluster, WorkerPlacement
 from dynask.control_plane.cluster.plan import engine_spec
 from dynask.control_plane.reliability.actor_health import ActorHealth
 from dynask.control_plane.serving.actor_handle import ActorHandle
@@ -56,11 +57,13 @@ class ClusterRuntime:
         scheduler_address: str | None = None,
         n_workers: int = 1,
         on_actor_event: ActorEventHook | None = None,
+        gpu_placements: Sequence[WorkerPlacement] = (),
     ) -> None:
         self.service = service
         self.deployments = deployments
         self.scheduler_address = scheduler_address
         self.n_workers = n_workers
+        self.gpu_placements = list(gpu_placements)  # embedded workers' GPUs (gpu_placement)
         self.cluster: LocalCluster | None = None
         self.client: Client | None = None
         self._on_actor_event = on_actor_event or (lambda *_: None)
@@ -75,14 +78,7 @@ class ClusterRuntime:
     async def start(self) -> None:
         address = self.scheduler_address
         if address is None:
-            cores = os.cpu_count() or 1
-            self.cluster = await LocalCluster(  # type: ignore[no-untyped-call]
-                n_workers=self.n_workers,
-                threads_per_worker=max(1, cores // self.n_workers),
-                processes=True,
-                asynchronous=True,
-                dashboard_address=None,
-            )
+            self.cluster = await self._embedded_cluster()
             address = self.cluster.scheduler_address
         self.client = await Client(  # type: ignore[no-untyped-call]
             address, asynchronous=True, direct_to_workers=True
@@ -95,6 +91,20 @@ class ClusterRuntime:
         await self._adopt_published()
         await self.reconcile()
         self._reconciler = asyncio.create_task(self._reconcile_forever(), name="reconciler")
+
+    async def _embedded_cluster(self) -> LocalCluster:
+        cores = os.cpu_count() or 1
+        options: dict[str, Any] = {
+            "threads_per_worker": max(1, cores // max(1, self.n_workers)),
+            "processes": True,
+            "asynchronous": True,
+            "dashboard_address": None,
+        }
+        if not self.gpu_placements:
+            return await LocalCluster(n_workers=self.n_workers, **options)  # type: ignore[no-untyped-call]
+        cluster = await PinnedLocalCluster(self.gpu_placements, **options)
+        await cluster.scale(self.n_workers)
+        return cluster
 
     async def _reconcile_forever(self) -> None:
         while True:

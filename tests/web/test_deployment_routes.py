@@ -207,6 +207,9 @@ def test_workers_cannot_be_added_before_the_cluster_runs(stack: AdminStack, csrf
 
 def test_the_workers_page_shows_the_commands(stack: AdminStack, csrf: str) -> None:
     page = stack.client.get("/admin/workers").text
-    assert "dask worker tcp://SCHEDULER:8786 --nthreads 1 --resources GPU=1" in page
+    assert (
+        "CUDA_VISIBLE_DEVICES=0 dask worker tcp://SCHEDULER:8786 --nthreads 1 --resources GPU=1"
+        in page
+    )
     assert "dask cuda worker tcp://SCHEDULER:8786 --resources GPU=1" in page
     assert "Start a local worker" in page

@@ -15,7 +15,10 @@ Design decisions:
   own future; the receiver keeps listening.
 - Transports: ``tcp`` (``kv.transfer_tcp``; CUDA tensors are staged through host
   memory) and ``ucxx`` (``kv.transfer_ucxx``; CPU tensors as zero-copy numpy views,
-  CUDA tensors as device buffers). ``make_transport`` picks one by name.
+  CUDA tensors as device buffers) move one tensor into a receiver's tensor;
+  ``cuda_ipc`` (``kv.transfer_ipc``, a ``BlockTransport``) copies blocks on one host
+  device to device, straight into the receiver's reserved paged blocks.
+  ``make_transport`` picks one by name.
 - Nothing here knows about Dask or the engine: an actor owns a transport and drives it
   from its event loop.
 """
@@ -23,15 +26,16 @@ Design decisions:
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NewType, Protocol
+from typing import NewType, Protocol, runtime_checkable
 
 import msgpack
 import torch
 
 TransferId = NewType("TransferId", str)
 
-TRANSPORTS = ("tcp", "ucxx")
+TRANSPORTS = ("tcp", "ucxx", "cuda_ipc")
 MAX_HEADER_BYTES = 4096
 
 
@@ -100,6 +104,42 @@ class KVTransport(Protocol):
         """Stops listening and closes connections; pending expectations fail."""
 
 
+@runtime_checkable
+class BlockTransport(Protocol):
+    """Writes blocks of a sender's paged cache straight into a receiver's (one host)."""
+
+    name: str
+    writes_blocks: bool  # True: the service shares its cache and expects blocks
+
+    async def listen(self, host: str) -> str:
+        """Starts the control listener on an ephemeral port of ``host``; its address."""
+
+    def share(self, caches: Sequence[torch.Tensor]) -> None:
+        """Offers this engine's paged cache tensors (dim 0: block) to senders."""
+
+    def expect_blocks(self, transfer_id: TransferId, block_ids: list[int]) -> asyncio.Future[None]:
+        """Registers a transfer into the reserved ``block_ids``; resolves when written."""
+
+    def forget(self, transfer_id: TransferId) -> None:
+        """Stops expecting a transfer; a write in progress finishes first (``writes_done``)."""
+
+    async def writes_done(self, transfer_id: TransferId) -> None:
+        """Returns once no sender writes into the transfer's blocks; release them after."""
+
+    async def send_blocks(
+        self,
+        address: str,
+        transfer_id: TransferId,
+        caches: Sequence[torch.Tensor],
+        block_ids: list[int],
+    ) -> bool:
+        """Copies ``block_ids`` of ``caches`` into the receiver's blocks; False: it no
+        longer expects them. Raises ``TransferError``."""
+
+    async def close(self) -> None:
+        """Stops listening; pending expectations fail."""
+
+
 class Expectations:
     """The transfers a listener waits for: id → destination tensor and future."""
 
@@ -162,8 +202,8 @@ def byte_view(tensor: torch.Tensor) -> memoryview:
     return view.cast("B")
 
 
-def make_transport(kind: str) -> KVTransport:
-    """A transport by name (``tcp`` or ``ucxx``); ``ValueError`` names the choices."""
+def make_transport(kind: str) -> KVTransport | BlockTransport:
+    """A transport by name (``tcp``, ``ucxx``, ``cuda_ipc``); ``ValueError`` names the choices."""
     if kind == "tcp":
         from dynask.kv.transfer_tcp import TCPTransport
 
@@ -172,4 +212,8 @@ def make_transport(kind: str) -> KVTransport:
         from dynask.kv.transfer_ucxx import UCXXTransport
 
         return UCXXTransport()
+    if kind == "cuda_ipc":
+        from dynask.kv.transfer_ipc import IPCTransport
+
+        return IPCTransport()
     raise ValueError(f"KV transport has value {kind!r}; use one of: {', '.join(TRANSPORTS)}")

@@ -16,9 +16,10 @@ class EngineConfig:
     ``kv_cache_gib`` sizes the KV cache on a CPU; on a GPU this engine's weights, activation
     peak and cache take at most ``gpu_memory_utilization`` of the device's total memory
     (vLLM's meaning; ``actors.engine.kv_sizing``), so engines on one GPU add up to <= 1.
-    ``num_kv_blocks`` overrides both (tests use it for tiny budgets). ``max_model_len`` defaults to the model's own
-    limit and is clamped to what the cache can hold. On CUDA, ``cuda_graphs`` captures
-    decode steps of 1 to ``max_num_seqs`` rows at start-up (off: every step runs eagerly).
+    ``num_kv_blocks`` overrides both (tests use it for tiny budgets). ``max_model_len``
+    defaults to the model's own limit and is clamped to what the cache can hold. On CUDA,
+    ``cuda_graphs`` captures decode steps of 1 to ``max_num_seqs`` rows at start-up (off:
+    every step runs eagerly).
     ``decode_burst`` runs up to that many greedy decode-only steps back to back with one
     host sync (module ``decode_burst``); 1, the default, turns bursts off.
     ``async_scheduling`` launches each decode step before the host applies the one before

@@ -4,8 +4,8 @@ On a machine without NVIDIA's library, ``nvmlInit`` raises ``NVMLError_LibraryNo
 that means "no GPU" and is reported as an empty list, never a crash.
 
 NVML sees every GPU of the host whatever ``CUDA_VISIBLE_DEVICES`` says; a worker reports
-only the GPUs its process may use (``visible_gpus``), so the Workers page shows the GPU
-each engine holds.
+the GPU its engine holds: the first one ``CUDA_VISIBLE_DEVICES`` names (``cuda:0`` in the
+process; the others stay visible for CUDA IPC), so the Workers page shows it per engine.
 """
 
 from __future__ import annotations
@@ -34,8 +34,10 @@ class GPUInfo:
 
 
 def process_gpus() -> list[GPUInfo]:
-    """The GPUs this process may use (``CUDA_VISIBLE_DEVICES`` applied to the host's)."""
-    return visible_gpus(os.environ, discover_gpus())
+    """The GPU this process's engine holds when ``CUDA_VISIBLE_DEVICES`` pins one (its
+    first entry, ``cuda:0``); else every GPU of the host."""
+    gpus = visible_gpus(os.environ, discover_gpus())
+    return gpus[:1] if "CUDA_VISIBLE_DEVICES" in os.environ else gpus
 
 
 def visible_gpus(env: Mapping[str, str], gpus: Sequence[GPUInfo]) -> list[GPUInfo]:

@@ -17,6 +17,11 @@ Design decisions:
   blocks, exports only the ones the decode actor lacks, unpins them and sends.
 - Calls that take the engine's step lock run in a thread: an engine step can hold it
   for a whole forward pass, and the worker's event loop must not wait for that.
+- A block transport (``cuda_ipc``: GPU engines of one host) writes the prefill engine's
+  blocks straight into the decode engine's reserved ones, device to device: the decode
+  actor shares its paged cache once and expects block ids instead of a staging tensor;
+  the prefill actor copies while its blocks are pinned. Before a failed or abandoned
+  import releases its blocks, it waits until no sender writes into them any more.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from dynask.actors.engine.kv_handoff import (
 )
 from dynask.actors.engine.sequence import check_prompt
 from dynask.kv.hashing import hash_seed
-from dynask.kv.transfer import KVTransport, TransferError, TransferId
+from dynask.kv.transfer import BlockTransport, KVTransport, TransferError, TransferId
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +87,8 @@ class PendingImport:
     prompt: list[int]
     params: SamplingParams
     reservation: ImportReservation
-    staging: torch.Tensor
-    arrived: asyncio.Future[torch.Tensor]
+    staging: torch.Tensor | None  # None: a block transport writes into the reserved blocks
+    arrived: asyncio.Future[Any]
     aborted: bool = False
     task: asyncio.Task[None] | None = field(default=None, repr=False)
 
@@ -91,7 +96,7 @@ class PendingImport:
 class KVTransferService:
     """Moves prompt KV between this actor's engine and other actors' (module docstring)."""
 
-    def __init__(self, engine: LLMEngine, transport: KVTransport) -> None:
+    def __init__(self, engine: LLMEngine, transport: KVTransport | BlockTransport) -> None:
         self.engine = engine
         self.transport = transport
         self.address: str | None = None
@@ -100,6 +105,8 @@ class KVTransferService:
         self._kv_template: torch.Tensor | None = None
 
     async def start(self, host: str) -> str:
+        if isinstance(self.transport, BlockTransport):
+            self.transport.share(paged_caches(self.engine, self.transport.name))
         self.address = await self.transport.listen(host)
         return self.address
 
@@ -125,9 +132,14 @@ class KVTransferService:
             self.counters["local_prefills"] += 1
             engine.add_request(prompt, params, request_id)
             return None
-        staging = self._staging(len(reservation.incoming))
         transfer_id = TransferId(request_id)
-        arrived = self.transport.expect(transfer_id, staging)
+        staging: torch.Tensor | None = None
+        arrived: asyncio.Future[Any]
+        if isinstance(self.transport, BlockTransport):
+            arrived = self.transport.expect_blocks(transfer_id, reservation.incoming_ids)
+        else:
+            staging = self._staging(len(reservation.incoming))
+            arrived = self.transport.expect(transfer_id, staging)
         pending = PendingImport(request_id, prompt, params, reservation, staging, arrived)
         self._pending[request_id] = pending
         pending.task = asyncio.create_task(self._finish_import(pending, timeout_s))
@@ -156,6 +168,8 @@ class KVTransferService:
                 reason = await self._import(pending)
             if reason is not None:
                 self.counters[f"fallback_{reason}"] += 1
+                if isinstance(self.transport, BlockTransport):  # no late write may land
+                    await self.transport.writes_done(TransferId(pending.request_id))
                 await self._release(reservation)
                 if not pending.aborted:
                     log.info("request %s: remote prefill failed (%s)", pending.request_id, reason)
@@ -183,9 +197,10 @@ class KVTransferService:
         return None
 
     async def _import(self, pending: PendingImport) -> str | None:
-        reservation, engine = pending.reservation, self.engine
+        reservation, engine, staging = pending.reservation, self.engine, pending.staging
         try:
-            await asyncio.to_thread(engine.import_kv, reservation.incoming_ids, pending.staging)
+            if staging is not None:  # else the blocks were written in place
+                await asyncio.to_thread(engine.import_kv, reservation.incoming_ids, staging)
         except ValueError as exc:
             log.warning("request %s: received KV does not fit: %s", pending.request_id, exc)
             return "import_error"
@@ -245,10 +260,19 @@ class KVTransferService:
                     "blocks left the prefill actor's cache before export"
                 )
             ids = [int(b.block_id) for b in blocks[ticket.first_block : ticket.num_blocks]]
-            kv = await asyncio.to_thread(engine.export_kv, ids)
+            if isinstance(self.transport, BlockTransport):  # copied while pinned
+                caches = paged_caches(engine, self.transport.name)
+                if not await self.transport.send_blocks(
+                    ticket.address, ticket.transfer_id, caches, ids
+                ):
+                    self.counters["transfers_unwanted"] += 1  # the decode actor gave up
+                    return 0
+            else:
+                kv = await asyncio.to_thread(engine.export_kv, ids)
         finally:
             await asyncio.to_thread(engine.with_kv_blocks, lambda kv: release(kv, blocks))
-        await self.transport.send(ticket.address, ticket.transfer_id, kv)
+        if not isinstance(self.transport, BlockTransport):
+            await self.transport.send(ticket.address, ticket.transfer_id, kv)
         self.counters["transfers_sent"] += 1
         self.counters["blocks_sent"] += len(ids)
         return len(ids)
@@ -259,6 +283,17 @@ class KVTransferService:
         await self.transport.close()
         tasks = [p.task for p in self._pending.values() if p.task is not None]
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def paged_caches(engine: LLMEngine, transport: str) -> list[torch.Tensor]:
+    """The engine's paged K and V tensors, layer by layer (what a block transport moves)."""
+    caches = getattr(engine.parts.runner, "kv_caches", None)
+    if caches is None:
+        raise ValueError(
+            f"the {transport} KV transport needs the built-in torch engine's paged cache; "
+            "use --kv-transport tcp for this engine"
+        )
+    return [tensor for pair in caches for tensor in pair]
 
 
 def as_llm_engine(engine: Any, actor: str, kind: str) -> LLMEngine:

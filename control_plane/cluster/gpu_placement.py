@@ -4,7 +4,9 @@ Design decisions:
 
 - ``dynask run --workers N`` on a host with G GPUs (NVML's inventory) gives worker i GPU
   ``i % G`` (round robin), so 8 workers on 8 GPUs hold 8 distinct devices. Each worker
-  process sees its GPU alone, as ``cuda:0``: the engine needs no device index.
+  process sees its GPU first, as ``cuda:0`` (the engine needs no device index), and the
+  host's other GPUs after it, as dask-cuda does: CUDA IPC between engines on different
+  GPUs (``--kv-transport cuda_ipc``) needs the peer's GPU visible.
 - More workers than GPUs only when asked: ``--engines-per-gpu K`` (at most K engines per
   GPU), or an explicit ``--gpu-memory-utilization`` small enough for ``ceil(N / G)``
   engines per GPU. Without a fraction, K engines per GPU get 0.9 / K each. The fractions
@@ -38,10 +40,12 @@ class WorkerPlacement:
     gpu: int  # NVML index on this host
     gpu_name: str
     fraction: float
+    host_gpus: tuple[int, ...] = ()  # every GPU of the host, visible after the own one
 
     @property
     def env(self) -> dict[str, str]:
-        return {"CUDA_VISIBLE_DEVICES": str(self.gpu)}
+        others = [str(g) for g in self.host_gpus if g != self.gpu]
+        return {"CUDA_VISIBLE_DEVICES": ",".join([str(self.gpu), *others])}
 
 
 def place_workers(
@@ -65,8 +69,9 @@ def place_workers(
             "engines add up to at most 1 per GPU), or start fewer workers"
         )
     share = fraction if fraction is not None else round(DEFAULT_UTILIZATION / per_gpu, 4)
+    host = tuple(gpu.index for gpu in gpus)
     placements = [
-        WorkerPlacement(i, gpus[i % len(gpus)].index, gpus[i % len(gpus)].name, share)
+        WorkerPlacement(i, gpus[i % len(gpus)].index, gpus[i % len(gpus)].name, share, host)
         for i in range(n_workers)
     ]
     check_fractions(placements)

@@ -59,7 +59,8 @@ class DisaggOptions:
     transport: str = flag(
         "--kv-transport",
         "tcp",
-        "how KV blocks move between actors (ucxx needs the ucxx-cu12/cu13 wheel)",
+        "how KV blocks move between actors (ucxx needs the ucxx-cu12/cu13 wheel; cuda_ipc: "
+        "GPU engines of one host, device to device into the decode engine's blocks)",
         choices=_transports,
     )
     min_remote_prefill_tokens: int = flag(

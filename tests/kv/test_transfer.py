@@ -124,5 +124,7 @@ def test_unreachable_listener_is_a_transfer_error() -> None:
 
 
 def test_unknown_transport_names_the_choices() -> None:
-    with pytest.raises(ValueError, match="KV transport has value 'nccl'; use one of: tcp, ucxx"):
+    with pytest.raises(
+        ValueError, match="KV transport has value 'nccl'; use one of: tcp, ucxx, cuda_ipc"
+    ):
         make_transport("nccl")

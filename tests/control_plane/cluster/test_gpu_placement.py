@@ -53,7 +53,9 @@ def test_eight_workers_on_eight_gpus_get_eight_distinct_devices(
     fake_nvml_8: list[GPUInfo],
 ) -> None:
     placements = place_workers(8, fake_nvml_8)
-    assert [p.env for p in placements] == [{"CUDA_VISIBLE_DEVICES": str(i)} for i in range(8)]
+    assert [p.gpu for p in placements] == list(range(8))
+    # Its own GPU first (cuda:0 in the worker), the others visible for CUDA IPC.
+    assert placements[3].env == {"CUDA_VISIBLE_DEVICES": "3,0,1,2,4,5,6,7"}
     assert {p.fraction for p in placements} == {0.9}
 
 

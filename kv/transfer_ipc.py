@@ -1,0 +1,317 @@
+"""KV transfer on one host, written straight into the receiver's paged cache (CUDA IPC).
+
+Design decisions:
+
+- The receiving engine shares its paged cache tensors once (``share``): on a GPU as
+  CUDA IPC memory handles (``torch.multiprocessing.reductions.reduce_tensor``), on a
+  CPU (tests) as POSIX shared memory. A sender opens them once per receiver and copies
+  its blocks device to device into the receiver's *reserved* blocks: no staging tensor
+  on either side, no host memory, no PCIe crossing on one GPU.
+- Only control messages cross a socket (a 4-byte length, then msgpack): ``handles``;
+  ``begin`` (the receiver answers with the destination block ids, or ``gone`` when it
+  no longer expects the transfer, so a late sender never writes into blocks that were
+  given back); ``done`` after the sender's stream synchronised; ``abort``.
+- A transfer being written cannot be forgotten at once: ``forget`` during a write
+  cancels the future but keeps the blocks' claim until ``done``, ``abort`` or the
+  connection breaks; ``writes_done`` waits for that, and the caller releases the
+  blocks only then. A connection that breaks mid-write fails the transfer.
+- Several GPUs of one host: CUDA numbers devices per process (``CUDA_VISIBLE_DEVICES``),
+  so the handles carry the GPU's UUID and the sender maps it to its own index. The
+  GPU must be visible to the sender (``gpu_placement`` rotates the visible list).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
+
+import msgpack
+import torch
+import torch.multiprocessing
+from torch.multiprocessing.reductions import reduce_tensor
+
+from dynask.kv.transfer import TransferError, TransferId
+
+_LENGTH = struct.Struct(">I")
+MAX_RUNS_AS_SLICES = 64  # more runs of consecutive blocks than this: one gather per tensor
+CONNECT_TIMEOUT_S = 10.0
+
+
+@dataclass(eq=False)
+class _Incoming:
+    block_ids: list[int]
+    future: asyncio.Future[None]
+    writing: bool = False
+    forgotten: bool = False
+    settled: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
+class _Peer:
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    lock: asyncio.Lock
+    caches: list[torch.Tensor] | None = None
+
+
+class IPCTransport:
+    """Block transport over CUDA IPC / shared memory (see the module docstring)."""
+
+    name = "cuda_ipc"
+    writes_blocks = True
+
+    def __init__(self) -> None:
+        self._handles: bytes | None = None
+        self._incoming: dict[TransferId, _Incoming] = {}
+        self._server: asyncio.Server | None = None
+        self._peers: dict[str, _Peer] = {}
+
+    async def listen(self, host: str) -> str:
+        self._server = await asyncio.start_server(self._serve, host, 0)
+        port = self._server.sockets[0].getsockname()[1]
+        return f"{host}:{port}"
+
+    def share(self, caches: Sequence[torch.Tensor]) -> None:
+        """Offers this engine's paged cache tensors (dim 0: block) to senders."""
+        self._handles = pickle.dumps([_handle(tensor) for tensor in caches])
+
+    def expect_blocks(self, transfer_id: TransferId, block_ids: list[int]) -> asyncio.Future[None]:
+        if transfer_id in self._incoming:
+            raise ValueError(f"transfer {transfer_id} is already expected")
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._incoming[transfer_id] = _Incoming(list(block_ids), future)
+        return future
+
+    def forget(self, transfer_id: TransferId) -> None:
+        incoming = self._incoming.get(transfer_id)
+        if incoming is None:
+            return
+        incoming.forgotten = True
+        if not incoming.future.done():
+            incoming.future.cancel()
+        if not incoming.writing:
+            self._settle(transfer_id)
+
+    async def writes_done(self, transfer_id: TransferId) -> None:
+        """Returns once no sender writes into the transfer's blocks any more."""
+        incoming = self._incoming.get(transfer_id)
+        if incoming is not None and incoming.writing:
+            await incoming.settled.wait()
+
+    async def send_blocks(
+        self,
+        address: str,
+        transfer_id: TransferId,
+        caches: Sequence[torch.Tensor],
+        block_ids: list[int],
+    ) -> bool:
+        """Copies ``block_ids`` of ``caches`` into the receiver's reserved blocks; False
+        when the receiver no longer expects the transfer. Raises ``TransferError``."""
+        peer = await self._peer(address)
+        async with peer.lock:
+            try:
+                if peer.caches is None:
+                    peer.caches = _open(await _ask(peer, ["handles"]))
+                reply = await _ask(peer, ["begin", transfer_id, len(block_ids)])
+                if reply[0] != "ok":
+                    return False
+                try:
+                    await asyncio.to_thread(copy_blocks, caches, block_ids, peer.caches, reply[1])
+                except (RuntimeError, ValueError) as exc:
+                    await _ask(peer, ["abort", transfer_id, str(exc)])
+                    raise TransferError(f"transfer {transfer_id}: the copy failed: {exc}") from exc
+                await _ask(peer, ["done", transfer_id])
+                return True
+            except (OSError, EOFError, asyncio.IncompleteReadError) as exc:
+                self._drop_peer(address)
+                raise TransferError(f"transfer {transfer_id} to {address}: {exc}") from exc
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for address in list(self._peers):
+            self._drop_peer(address)
+        for transfer_id in list(self._incoming):
+            self._fail(transfer_id, "the transport closed")
+
+    # ---- receiving side ---------------------------------------------------------------
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        begun: set[TransferId] = set()
+        try:
+            while True:
+                message = await _read(reader)
+                reply = self._answer(message, begun)
+                await _write(writer, reply)
+        except (OSError, EOFError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            for transfer_id in begun:
+                self._fail(transfer_id, "the sender's connection broke mid-write")
+            writer.close()
+
+    def _answer(self, message: list[Any], begun: set[TransferId]) -> list[Any]:
+        verb = message[0]
+        if verb == "handles":
+            if self._handles is None:
+                raise EOFError("this receiver shares no cache")
+            return [self._handles]
+        transfer_id = TransferId(str(message[1]))
+        incoming = self._incoming.get(transfer_id)
+        if verb == "begin":
+            if incoming is None or incoming.forgotten:
+                return ["gone"]
+            if int(message[2]) != len(incoming.block_ids):
+                self._fail(
+                    transfer_id,
+                    f"the sender has {message[2]} blocks; {len(incoming.block_ids)} are reserved",
+                )
+                return ["gone"]
+            incoming.writing = True
+            begun.add(transfer_id)
+            return ["ok", incoming.block_ids]
+        begun.discard(transfer_id)
+        if verb == "done" and incoming is not None:
+            if not incoming.future.done():
+                incoming.future.set_result(None)
+            self._settle(transfer_id)
+        elif verb == "abort":
+            self._fail(transfer_id, f"the sender aborted: {message[2]}")
+        return ["ok"]
+
+    def _fail(self, transfer_id: TransferId, reason: str) -> None:
+        incoming = self._incoming.get(transfer_id)
+        if incoming is not None and not incoming.future.done():
+            incoming.future.set_exception(TransferError(f"transfer {transfer_id} failed: {reason}"))
+        self._settle(transfer_id)
+
+    def _settle(self, transfer_id: TransferId) -> None:
+        incoming = self._incoming.pop(transfer_id, None)
+        if incoming is not None:
+            incoming.writing = False
+            incoming.settled.set()
+
+    # ---- sending side -----------------------------------------------------------------
+
+    async def _peer(self, address: str) -> _Peer:
+        peer = self._peers.get(address)
+        if peer is not None:
+            return peer
+        host, port = address.rsplit(":", 1)
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(host, int(port)), CONNECT_TIMEOUT_S
+            )
+        except (OSError, TimeoutError) as exc:
+            raise TransferError(f"cannot reach the KV listener at {address}: {exc}") from exc
+        return self._peers.setdefault(address, _Peer(reader, writer, asyncio.Lock()))
+
+    def _drop_peer(self, address: str) -> None:
+        peer = self._peers.pop(address, None)
+        if peer is not None:
+            peer.writer.close()
+
+
+def block_runs(src_ids: Sequence[int], dst_ids: Sequence[int]) -> list[tuple[int, int, int]]:
+    """(source start, destination start, length) of runs consecutive on both sides."""
+    if len(src_ids) != len(dst_ids):
+        raise ValueError(f"{len(src_ids)} source blocks for {len(dst_ids)} destination blocks")
+    runs: list[tuple[int, int, int]] = []
+    for src, dst in zip(src_ids, dst_ids, strict=True):
+        if runs and runs[-1][0] + runs[-1][2] == src and runs[-1][1] + runs[-1][2] == dst:
+            start_src, start_dst, length = runs[-1]
+            runs[-1] = (start_src, start_dst, length + 1)
+        else:
+            runs.append((src, dst, 1))
+    return runs
+
+
+def copy_blocks(
+    sources: Sequence[torch.Tensor],
+    src_ids: Sequence[int],
+    destinations: Sequence[torch.Tensor],
+    dst_ids: Sequence[int],
+) -> None:
+    """Copies blocks tensor by tensor (slices per run, or one gather when fragmented) and
+    waits until the copies finished."""
+    if len(sources) != len(destinations):
+        raise ValueError(f"{len(sources)} cache tensors here, {len(destinations)} there")
+    runs = block_runs(src_ids, dst_ids)
+    for src, dst in zip(sources, destinations, strict=True):
+        if src.shape[1:] != dst.shape[1:] or src.dtype != dst.dtype:
+            raise ValueError(
+                f"cache blocks differ: {src.dtype}{list(src.shape[1:])} here, "
+                f"{dst.dtype}{list(dst.shape[1:])} there"
+            )
+        if len(runs) <= MAX_RUNS_AS_SLICES:
+            for s, d, n in runs:
+                dst[d : d + n].copy_(src[s : s + n], non_blocking=True)
+        else:
+            index = torch.tensor(list(src_ids), device=src.device)
+            dst.index_copy_(
+                0, torch.tensor(list(dst_ids), device=dst.device), src.index_select(0, index)
+            )
+    for tensor in (*sources[:1], *destinations[:1]):
+        if tensor.device.type == "cuda":
+            torch.cuda.synchronize(tensor.device)
+
+
+# ---- handles ----------------------------------------------------------------------------
+
+_DEVICE_ARG = 6  # storage_device in rebuild_cuda_tensor's arguments
+
+
+def _handle(tensor: torch.Tensor) -> tuple[str, Any]:
+    if tensor.device.type == "cuda":
+        rebuild, args = reduce_tensor(tensor)
+        uuid = str(torch.cuda.get_device_properties(tensor.device).uuid)
+        return "cuda", (uuid, pickle.dumps((rebuild, args)))
+    # CPU caches (tests, CPU engines on one host): POSIX shared memory by file name.
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    return "cpu", bytes(ForkingPickler.dumps(tensor))
+
+
+def _open(reply: list[Any]) -> list[torch.Tensor]:
+    handles: list[tuple[str, Any]] = pickle.loads(reply[0])
+    tensors = []
+    for kind, payload in handles:
+        if kind == "cpu":
+            tensors.append(pickle.loads(payload))
+            continue
+        uuid, packed = payload
+        rebuild, args = pickle.loads(packed)
+        args = (*args[:_DEVICE_ARG], _local_index(uuid), *args[_DEVICE_ARG + 1 :])
+        tensors.append(rebuild(*args))
+    return tensors
+
+
+def _local_index(uuid: str) -> int:
+    for index in range(torch.cuda.device_count()):
+        if str(torch.cuda.get_device_properties(index).uuid) == uuid:
+            return index
+    raise TransferError(
+        f"the receiver's GPU {uuid} is not visible here; CUDA IPC needs both engines' GPUs "
+        "in CUDA_VISIBLE_DEVICES (or use --kv-transport ucxx)"
+    )
+
+
+async def _ask(peer: _Peer, message: list[Any]) -> list[Any]:
+    await _write(peer.writer, message)
+    return await _read(peer.reader)
+
+
+async def _write(writer: asyncio.StreamWriter, message: list[Any]) -> None:
+    body: bytes = msgpack.packb(message)
+    writer.write(_LENGTH.pack(len(body)) + body)
+    await writer.drain()
+
+
+async def _read(reader: asyncio.StreamReader) -> list[Any]:
+    (size,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
+    message: list[Any] = msgpack.unpackb(await reader.readexactly(size))
+    return message

@@ -96,7 +96,7 @@ def llama_engines(tiny_llama_folder: Path) -> Any:
         engine.shutdown()
 
 
-@pytest.mark.parametrize("kind", ["tcp", "ucxx"])
+@pytest.mark.parametrize("kind", ["tcp", "ucxx", "cuda_ipc"])
 def test_greedy_output_equals_aggregated_for_concurrent_requests(
     llama_engines: list[LLMEngine], kind: str
 ) -> None:

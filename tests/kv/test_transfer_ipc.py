@@ -1,0 +1,159 @@
+"""The cuda_ipc block transport on a CPU: the same protocol and copies, with the paged
+cache in POSIX shared memory instead of CUDA IPC memory (no GPU here; the CUDA run is in
+tests/kv/test_transfer_ipc_cuda.py, on the H200).
+
+The sender runs in a second process, as a prefill engine's worker does; blocks land in
+the receiver's reserved block ids, nowhere else; a sender the receiver no longer expects
+writes nothing; a connection that breaks mid-write fails the transfer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import sys
+import textwrap
+
+import msgpack
+import pytest
+import torch
+
+from dynask.kv.transfer import TransferError, TransferId
+from dynask.kv.transfer_ipc import IPCTransport, block_runs, copy_blocks
+
+BLOCK_SHAPE = (4, 2, 8)  # block_size, kv_heads, head_dim
+
+
+def caches(num_blocks: int, seed: int | None) -> list[torch.Tensor]:
+    """Two layers' K and V; random (``seed``) or poisoned with -1."""
+    if seed is None:
+        return [torch.full((num_blocks, *BLOCK_SHAPE), -1.0) for _ in range(4)]
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn((num_blocks, *BLOCK_SHAPE), generator=generator) for _ in range(4)]
+
+
+SENDER = textwrap.dedent(
+    """
+    import asyncio, sys, torch
+    from dynask.kv.transfer_ipc import IPCTransport
+    from tests.kv.test_transfer_ipc import caches
+
+    async def main():
+        transport = IPCTransport()
+        ok = await transport.send_blocks(sys.argv[1], sys.argv[2], caches(16, seed=7), [3, 4, 9, 1])
+        await transport.close()
+        print("sent" if ok else "unwanted")
+
+    asyncio.run(main())
+    """
+)
+
+
+async def run_sender(address: str, transfer_id: str) -> str:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", SENDER, address, transfer_id, stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await process.communicate()
+    assert process.returncode == 0
+    return out.decode().strip()
+
+
+def test_runs_of_consecutive_blocks_are_found_on_both_sides() -> None:
+    assert block_runs([3, 4, 9, 1], [10, 11, 12, 13]) == [(3, 10, 2), (9, 12, 1), (1, 13, 1)]
+    assert block_runs([0, 1, 2], [5, 6, 7]) == [(0, 5, 3)]
+    with pytest.raises(ValueError, match="3 source blocks for 2 destination blocks"):
+        block_runs([0, 1, 2], [5, 6])
+
+
+def test_fragmented_blocks_are_gathered_in_one_copy_per_tensor() -> None:
+    src, dst = caches(200, seed=1), caches(200, seed=None)
+    src_ids = list(range(0, 200, 2))  # 100 runs of one block: over MAX_RUNS_AS_SLICES
+    dst_ids = list(range(199, 99, -1))
+    copy_blocks(src, src_ids, dst, dst_ids)
+    for s, d in zip(src, dst, strict=True):
+        assert torch.equal(d[dst_ids], s[src_ids])
+        assert bool((d[:100] == -1).all())
+
+
+def test_a_second_process_writes_straight_into_the_reserved_blocks() -> None:
+    async def main() -> tuple[str, list[torch.Tensor]]:
+        receiver = IPCTransport()
+        mine = caches(20, seed=None)
+        receiver.share(mine)
+        address = await receiver.listen("127.0.0.1")
+        arrived = receiver.expect_blocks(TransferId("r1"), [10, 11, 12, 5])
+        outcome = await run_sender(address, "r1")
+        await asyncio.wait_for(arrived, 10)
+        await receiver.close()
+        return outcome, mine
+
+    outcome, received = asyncio.run(main())
+    source = caches(16, seed=7)
+    assert outcome == "sent"
+    for mine, theirs in zip(received, source, strict=True):
+        assert torch.equal(mine[[10, 11, 12, 5]], theirs[[3, 4, 9, 1]])
+        untouched = [i for i in range(20) if i not in (10, 11, 12, 5)]
+        assert bool((mine[untouched] == -1).all())
+
+
+def test_a_sender_the_receiver_gave_up_on_writes_nothing() -> None:
+    async def main() -> tuple[str, list[torch.Tensor], bool]:
+        receiver = IPCTransport()
+        mine = caches(20, seed=None)
+        receiver.share(mine)
+        address = await receiver.listen("127.0.0.1")
+        arrived = receiver.expect_blocks(TransferId("late"), [1, 2, 3, 4])
+        receiver.forget(TransferId("late"))  # the decode side timed out
+        outcome = await run_sender(address, "late")
+        await receiver.close()
+        return outcome, mine, arrived.cancelled()
+
+    outcome, received, cancelled = asyncio.run(main())
+    assert (outcome, cancelled) == ("unwanted", True)
+    assert all(bool((t == -1).all()) for t in received)
+
+
+def test_a_connection_cut_mid_write_fails_the_transfer_and_settles_it() -> None:
+    async def main() -> str:
+        receiver = IPCTransport()
+        receiver.share(caches(8, seed=None))
+        address = await receiver.listen("127.0.0.1")
+        transfer_id = TransferId("cut")
+        arrived = receiver.expect_blocks(transfer_id, [1, 2])
+        host, port = address.rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        begin = msgpack.packb(["begin", "cut", 2])
+        writer.write(struct.pack(">I", len(begin)) + begin)
+        await writer.drain()
+        reply = msgpack.unpackb(
+            await reader.readexactly(struct.unpack(">I", await reader.readexactly(4))[0])
+        )
+        assert reply == ["ok", [1, 2]]
+        receiver.forget(transfer_id)  # a timeout during the write: the blocks stay claimed
+        settling = asyncio.ensure_future(receiver.writes_done(transfer_id))
+        await asyncio.sleep(0.05)
+        assert not settling.done()
+        writer.close()  # the sender dies mid-write
+        await asyncio.wait_for(settling, 5)
+        await receiver.close()
+        return "cancelled" if arrived.cancelled() else str(arrived.exception())
+
+    assert asyncio.run(main()) == "cancelled"
+
+
+def test_a_block_count_mismatch_fails_with_both_counts() -> None:
+    async def main() -> BaseException | None:
+        receiver = IPCTransport()
+        receiver.share(caches(8, seed=None))
+        address = await receiver.listen("127.0.0.1")
+        arrived = receiver.expect_blocks(TransferId("m"), [1, 2, 3])
+        sender = IPCTransport()
+        sent = await sender.send_blocks(address, TransferId("m"), caches(8, seed=1), [0, 1])
+        assert sent is False
+        await sender.close()
+        await receiver.close()
+        return arrived.exception()
+
+    error = asyncio.run(main())
+    assert isinstance(error, TransferError)
+    assert str(error) == "transfer m failed: the sender has 2 blocks; 3 are reserved"

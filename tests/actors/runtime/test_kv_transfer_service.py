@@ -28,7 +28,7 @@ from dynask.actors.engine.kv_handoff import movable_blocks
 from dynask.actors.engine.loader import load_tokenizer
 from dynask.actors.runtime.kv_transfer_service import KVTransferService
 from dynask.kv.transfer import TransferError, TransferHeader, make_transport
-from tests.actors.engine.helpers import make_engine, prompts_of_lengths
+from tests.actors.engine.helpers import TEST_DEVICE, make_engine, prompts_of_lengths
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 
@@ -102,6 +102,8 @@ def test_greedy_output_equals_aggregated_for_concurrent_requests(
 ) -> None:
     if kind == "ucxx":
         pytest.importorskip("ucxx")
+    if kind == "cuda_ipc" and TEST_DEVICE != "cpu":
+        pytest.skip("CUDA IPC needs two processes: tests/kv/test_transfer_ipc_cuda.py")
     aggregated_engine, prefill_engine, decode_engine = llama_engines
     prompts = prompts_of_lengths([9, 17, 30, 41, 64, 77, 100, 5], seed=len(kind))
     expected = [s.token_ids for s in aggregated_engine.generate(prompts, GREEDY)]

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Issue 20's H200 run (one GPU), as sent through the device tool from the repository root:
+#   bash bench/disaggregation/gpu_serving.sh [tests,ipc,mix,offload]   (default: all, in order)
+# Needs the ignored folder .devcarry/ (whl/: dask, distributed, starlette, ... wheels;
+# tokenizer/: SmolLM2's files; see bench/README.md). Logs and JSON go to $OUT and the JSON
+# also to bench/results/.
+set -uo pipefail
+what=${1:-tests,ipc,mix,offload}
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+    .devcarry/whl/*.whl || exit 1
+mkdir -p /tmp/ns/dynask
+for d in kv actors control_plane web migrations; do ln -sfn "$PWD/$d" /tmp/ns/dynask/$d; done
+export PYTHONPATH=/tmp/ns:$PWD:/tmp/site PYTHONUNBUFFERED=1 DYNASK_CACHE_DIR=/tmp/dynask-cache
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv | tee "$OUT/gpu.txt"
+python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' | tee -a "$OUT/gpu.txt"
+
+run_tests() {
+    timeout 120 python3 -m pytest -q -s -p no:cacheprovider tests/kv/test_transfer_ipc_cuda.py 2>&1 \
+        | tee "$OUT/tests-ipc-cuda.log"
+}
+run_ipc() {
+    timeout 120 python3 -m bench.disaggregation.ipc_gpu 2>&1 | tee "$OUT/ipc.log"
+    cp bench/results/disagg-ipc-h200.json "$OUT/" 2>/dev/null
+}
+run_mix() {
+    timeout ${MIX_TIMEOUT:-330} python3 -m bench.disaggregation.gpu_mix \
+        --tokenizer .devcarry/tokenizer ${MIX_ARGS:-} 2>&1 | tee "$OUT/mix.log"
+    cp bench/results/disagg-mix-h200.json "$OUT/" 2>/dev/null
+    for f in /tmp/dynask-gpu-mix/*.log; do tail -n 15 "$f"; done > "$OUT/mix-servers.log" 2>/dev/null
+}
+run_offload() {
+    timeout ${OFFLOAD_TIMEOUT:-160} python3 -m bench.offload.e2e_gpu 2>&1 | grep -v '^\s*$' \
+        | tee "$OUT/offload.log"
+    cp bench/results/offload-e2e-h200.json "$OUT/" 2>/dev/null
+}
+for part in ${what//,/ }; do
+    "run_$part"
+done

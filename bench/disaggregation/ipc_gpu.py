@@ -1,0 +1,156 @@
+"""KV transfer over CUDA IPC against a device-to-device copy of the same bytes (one GPU).
+
+A receiver process (``--serve``, started by this one) holds a paged cache of
+Llama-3.1-8B's shape (32 layers of K and V, blocks of 16 tokens x 8 KV heads x 128, bf16:
+2 MiB per block over all layers) and shares it with ``kv.transfer_ipc``; this process
+sends ``--blocks`` blocks (default 512: an 8k-token prompt, 1 GiB) into its reserved
+blocks with ``IPCTransport.send_blocks`` — consecutive block ids, then scattered ones
+(random ids on both sides, as after a while of serving) — and, in the same run, times
+``copy_()`` of one contiguous tensor of the same size on the device (the ceiling) and
+the same block copies between two caches of this process (no IPC). Each figure is the
+median of ``--repeats`` runs after a warm-up; a transfer's time includes its control
+messages and the final synchronisation. Rates are bytes moved / time.
+
+    python -m bench.disaggregation.ipc_gpu          # on the H200 (gpu_serving.sh runs it)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dynask.kv.transfer import TransferId
+from dynask.kv.transfer_ipc import IPCTransport, block_runs, copy_blocks
+
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "disagg-ipc-h200.json"
+LAYERS, BLOCK = 32, (16, 8, 128)
+
+
+def cache(num_blocks: int) -> list[torch.Tensor]:
+    return [
+        torch.randn((num_blocks, *BLOCK), device="cuda").to(torch.bfloat16)
+        for _ in range(2 * LAYERS)
+    ]
+
+
+def plans(args: argparse.Namespace) -> dict[str, tuple[list[int], list[int]]]:
+    """Transfer id -> (source ids, destination ids); consecutive, then scattered."""
+    rng = random.Random(0)
+    out = {}
+    for r in range(args.repeats + 1):
+        out[f"contiguous-{r}"] = (list(range(args.blocks)), list(range(args.blocks)))
+        out[f"scattered-{r}"] = (
+            rng.sample(range(args.cache_blocks), args.blocks),
+            rng.sample(range(args.cache_blocks), args.blocks),
+        )
+    return out
+
+
+async def serve(args: argparse.Namespace) -> None:
+    receiver = IPCTransport()
+    receiver.share(cache(args.cache_blocks))
+    address = await receiver.listen("127.0.0.1")
+    futures = [
+        receiver.expect_blocks(TransferId(tid), dst) for tid, (_, dst) in plans(args).items()
+    ]
+    print(address, flush=True)
+    await asyncio.wait_for(asyncio.gather(*futures), 300)
+    await asyncio.sleep(0.5)  # the last "done" is answered before the listener closes
+    await receiver.close()
+
+
+def timed(action: Any) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    action()
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    receiver = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bench.disaggregation.ipc_gpu", "--serve",
+        "--blocks", str(args.blocks), "--cache-blocks", str(args.cache_blocks),
+        "--repeats", str(args.repeats), stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert receiver.stdout is not None
+    address = (await receiver.stdout.readline()).decode().strip()
+    source = cache(args.cache_blocks)
+    sender = IPCTransport()
+    times: dict[str, list[float]] = {"contiguous": [], "scattered": []}
+    for tid, (src, _) in plans(args).items():
+        kind, repeat = tid.rsplit("-", 1)
+        start = time.perf_counter()
+        assert await sender.send_blocks(address, TransferId(tid), source, src)
+        if repeat != "0":  # the first of each kind is the warm-up (handles opened)
+            times[kind].append(time.perf_counter() - start)
+    await sender.close()
+    assert await receiver.wait() == 0
+    nbytes = args.blocks * 2 * LAYERS * source[0][0].numel() * source[0].element_size()
+    flat_src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    flat_dst = torch.empty_like(flat_src)
+    flat_dst.copy_(flat_src)
+    d2d = statistics.median(timed(lambda: flat_dst.copy_(flat_src)) for _ in range(args.repeats))
+    local = cache(args.cache_blocks)
+    plan = plans(args)
+    local_times = {}
+    for kind in ("contiguous", "scattered"):
+        src, dst = plan[f"{kind}-1"]
+        copy_blocks(source, src, local, dst)
+        local_times[kind] = statistics.median(
+            timed(lambda s=src, d=dst: copy_blocks(source, s, local, d))
+            for _ in range(args.repeats)
+        )
+    rows = [{"path": "device copy_() of one tensor", "s": d2d}]
+    for kind in ("contiguous", "scattered"):
+        runs = len(block_runs(*plan[f"{kind}-1"]))
+        rows.append(
+            {"path": f"CUDA IPC, {kind} ({runs} runs)", "s": statistics.median(times[kind])}
+        )
+        rows.append({"path": f"same blocks in-process, {kind}", "s": local_times[kind]})
+    for row in rows:
+        row["GB/s"] = nbytes / row["s"] / 1e9
+        row["of_copy"] = d2d / row["s"]
+    return {"bytes": nbytes, "blocks": args.blocks, "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--serve", action="store_true", help="(internal) the receiver")
+    parser.add_argument("--blocks", type=int, default=512)
+    parser.add_argument("--cache-blocks", type=int, default=2048)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+    if args.serve:
+        asyncio.run(serve(args))
+        return
+    result = asyncio.run(measure(args))
+    print(f"{result['bytes'] / 2**30:.2f} GiB ({args.blocks} blocks of 2 MiB) per transfer")
+    print(f"{'path':<40} {'ms':>8} {'GB/s':>8} {'of copy':>8}")
+    for row in result["rows"]:
+        print(
+            f"{row['path']:<40} {row['s'] * 1e3:>8.2f} {row['GB/s']:>8.1f} {row['of_copy']:>8.0%}"
+        )
+    result.update(
+        timestamp=datetime.now(UTC).isoformat(timespec="seconds"),
+        gpu=torch.cuda.get_device_name(),
+        torch=torch.__version__,
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

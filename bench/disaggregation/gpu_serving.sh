@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Issue 20's H200 run (one GPU), as sent through the device tool from the repository root:
-#   bash bench/disaggregation/gpu_serving.sh [tests,ipc,mix,offload]   (default: all, in order)
+#   bash bench/disaggregation/gpu_serving.sh [tests,ipc,offload,mix]   (default: all, in order)
 # Needs the ignored folder .devcarry/ (whl/: dask, distributed, starlette, ... wheels;
 # tokenizer/: SmolLM2's files; see bench/README.md). Logs and JSON go to $OUT and the JSON
 # also to bench/results/.
 set -uo pipefail
-what=${1:-tests,ipc,mix,offload}
+what=${1:-tests,ipc,offload,mix}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
@@ -31,7 +31,7 @@ run_mix() {
     for f in /tmp/dynask-gpu-mix/*.log; do tail -n 15 "$f"; done > "$OUT/mix-servers.log" 2>/dev/null
 }
 run_offload() {
-    timeout ${OFFLOAD_TIMEOUT:-160} python3 -m bench.offload.e2e_gpu 2>&1 | grep -v '^\s*$' \
+    timeout ${OFFLOAD_TIMEOUT:-160} python3 -m bench.offload.e2e_gpu --tokenizer .devcarry/tokenizer 2>&1 | grep -v '^\s*$' \
         | tee "$OUT/offload.log"
     cp bench/results/offload-e2e-h200.json "$OUT/" 2>/dev/null
 }

@@ -9,7 +9,7 @@ and the prompt tokens served from a cache; then, after evicting P again, ``--bat
 requests on P with ``--new-tokens`` tokens each: wall time and output tok/s. Without the
 host tier the revisit recomputes P; with it, P's blocks come back from host memory.
 
-    python -m bench.offload.e2e_gpu --model-dir /tmp/dynask-random-llama-8b
+    python -m bench.offload.e2e_gpu --tokenizer .devcarry/tokenizer
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from bench.serving.gpu_stack import save_random_model
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.engine.config import EngineConfig
 from dynask.actors.engine.engine import LLMEngine
@@ -75,6 +76,7 @@ def one_engine(args: argparse.Namespace, host_gb: float) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tokenizer", type=Path, required=True, help="tokenizer files folder")
     parser.add_argument("--model-dir", type=Path, default=Path("/tmp/dynask-random-llama-8b"))
     parser.add_argument("--gpu-blocks", type=int, default=1200)
     parser.add_argument("--kv-host-gb", type=float, default=16.0)
@@ -83,6 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
+    save_random_model(args.model_dir, args.tokenizer, "llama-8b")
     rows = []
     for host_gb in (0.0, args.kv_host_gb):
         rows.append(one_engine(args, host_gb))

@@ -242,20 +242,22 @@ def copy_blocks(
     if len(sources) != len(destinations):
         raise ValueError(f"{len(sources)} cache tensors here, {len(destinations)} there")
     runs = block_runs(src_ids, dst_ids)
+    gather = len(runs) > MAX_RUNS_AS_SLICES
+    if gather:  # the indices go to the devices once, not once per tensor
+        src_index = torch.tensor(list(src_ids), device=sources[0].device)
+        dst_index = torch.tensor(list(dst_ids), device=destinations[0].device)
     for src, dst in zip(sources, destinations, strict=True):
         if src.shape[1:] != dst.shape[1:] or src.dtype != dst.dtype:
             raise ValueError(
                 f"cache blocks differ: {src.dtype}{list(src.shape[1:])} here, "
                 f"{dst.dtype}{list(dst.shape[1:])} there"
             )
-        if len(runs) <= MAX_RUNS_AS_SLICES:
+        if gather:  # rows of whole blocks: one gather and one scatter per tensor
+            rows = src.view(src.shape[0], -1).index_select(0, src_index)
+            dst.view(dst.shape[0], -1).index_copy_(0, dst_index, rows.to(dst.device))
+        else:
             for s, d, n in runs:
                 dst[d : d + n].copy_(src[s : s + n], non_blocking=True)
-        else:
-            index = torch.tensor(list(src_ids), device=src.device)
-            dst.index_copy_(
-                0, torch.tensor(list(dst_ids), device=dst.device), src.index_select(0, index)
-            )
     for tensor in (*sources[:1], *destinations[:1]):
         if tensor.device.type == "cuda":
             torch.cuda.synchronize(tensor.device)

@@ -202,6 +202,14 @@ def byte_view(tensor: torch.Tensor) -> memoryview:
     return view.cast("B")
 
 
+def make_tensor_transport(kind: str) -> KVTransport:
+    """A transport that moves one tensor (``tcp`` or ``ucxx``)."""
+    transport = make_transport(kind)
+    if isinstance(transport, BlockTransport):
+        raise ValueError(f"the {kind} KV transport moves blocks between paged caches, not tensors")
+    return transport
+
+
 def make_transport(kind: str) -> KVTransport | BlockTransport:
     """A transport by name (``tcp``, ``ucxx``, ``cuda_ipc``); ``ValueError`` names the choices."""
     if kind == "tcp":

@@ -270,11 +270,11 @@ _DEVICE_ARG = 6  # storage_device in rebuild_cuda_tensor's arguments
 
 def _handle(tensor: torch.Tensor) -> tuple[str, Any]:
     if tensor.device.type == "cuda":
-        rebuild, args = reduce_tensor(tensor)
+        rebuild, args = reduce_tensor(tensor)  # type: ignore[no-untyped-call]
         uuid = str(torch.cuda.get_device_properties(tensor.device).uuid)
         return "cuda", (uuid, pickle.dumps((rebuild, args)))
     # CPU caches (tests, CPU engines on one host): POSIX shared memory by file name.
-    torch.multiprocessing.set_sharing_strategy("file_system")
+    torch.multiprocessing.set_sharing_strategy("file_system")  # type: ignore[no-untyped-call]
     return "cpu", bytes(ForkingPickler.dumps(tensor))
 
 

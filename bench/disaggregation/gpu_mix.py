@@ -209,6 +209,9 @@ def main(argv: list[str] | None = None) -> None:
             print(format_row(result["mode"], row))
     same = len({tuple(r["greedy_texts"]) for r in results}) == 1
     print(f"greedy texts equal across {args.modes}: {same}")
+    for result in results:  # a disaggregated run that moved no KV measured no disaggregation
+        moved = [m for m in result["kv_transfer_metrics"] if "transferred_blocks" in m]
+        print(f"{result['mode']}: {'; '.join(moved) or 'no KV transfer metrics'}")
     import torch
 
     out = {

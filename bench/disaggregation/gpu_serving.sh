@@ -28,7 +28,10 @@ run_mix() {
     timeout ${MIX_TIMEOUT:-330} python3 -m bench.disaggregation.gpu_mix \
         --tokenizer .devcarry/tokenizer ${MIX_ARGS:-} 2>&1 | tee "$OUT/mix.log"
     cp bench/results/disagg-mix-h200.json "$OUT/" 2>/dev/null
-    for f in /tmp/dynask-gpu-mix/*.log; do tail -n 15 "$f"; done > "$OUT/mix-servers.log" 2>/dev/null
+    # The fallbacks' reasons ("remote prefill of ... failed (...)") and the last lines.
+    for f in /tmp/dynask-gpu-mix/*.log; do
+        echo "== $f"; grep -m 20 -E "remote prefill|Error|Traceback" "$f"; tail -n 15 "$f"
+    done > "$OUT/mix-servers.log" 2>/dev/null
 }
 run_offload() {
     timeout ${OFFLOAD_TIMEOUT:-160} python3 -m bench.offload.e2e_gpu --tokenizer .devcarry/tokenizer 2>&1 | grep -v '^\s*$' \

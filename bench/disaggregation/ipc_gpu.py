@@ -111,7 +111,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             timed(lambda s=src, d=dst: copy_blocks(source, s, local, d))
             for _ in range(args.repeats)
         )
-    rows = [{"path": "device copy_() of one tensor", "s": d2d}]
+    rows: list[dict[str, Any]] = [{"path": "device copy_() of one tensor", "s": d2d}]
     for kind in ("contiguous", "scattered"):
         runs = len(block_runs(*plan[f"{kind}-1"]))
         rows.append(

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from dynask.kv.transfer import KVTransport, TransferId, make_transport
+from dynask.kv.transfer import KVTransport, TransferId, make_tensor_transport
 
 MiB = 1 << 20
 RAW = "raw socket"
@@ -60,7 +60,7 @@ def _receiver(conn: Connection, kinds: list[str], device: str) -> None:
     threading.Thread(target=loop.run_forever, daemon=True).start()
     transports: dict[str, KVTransport] = {}
     for kind in kinds:
-        transport = make_transport(kind)
+        transport = make_tensor_transport(kind)
         address = asyncio.run_coroutine_threadsafe(transport.listen("127.0.0.1"), loop).result()
         transports[kind] = transport
         conn.send((kind, address))
@@ -134,7 +134,7 @@ def measure(
     addresses = dict(parent.recv() for _ in range(len(kinds) + 1))
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
-    senders = {kind: make_transport(kind) for kind in kinds}
+    senders = {kind: make_tensor_transport(kind) for kind in kinds}
     rows = []
     try:
         for size in sizes_mib:

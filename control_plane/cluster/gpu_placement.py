@@ -103,10 +103,10 @@ class PinnedLocalCluster(LocalCluster):
 
     def __init__(self, placements: Sequence[WorkerPlacement], **kwargs: Any) -> None:
         self.placements = list(placements)
-        super().__init__(n_workers=0, **kwargs)
+        super().__init__(n_workers=0, **kwargs)  # type: ignore[no-untyped-call]
 
     def new_worker_spec(self) -> dict[Any, dict[str, Any]]:
-        specs: dict[Any, dict[str, Any]] = super().new_worker_spec()
+        specs: dict[Any, dict[str, Any]] = super().new_worker_spec()  # type: ignore[no-untyped-call]
         pinned = {}
         for name, spec in specs.items():
             placement = self.placements[int(name) % len(self.placements)]

@@ -103,7 +103,7 @@ class ClusterRuntime:
         if not self.gpu_placements:
             return await LocalCluster(n_workers=self.n_workers, **options)  # type: ignore[no-untyped-call]
         cluster = await PinnedLocalCluster(self.gpu_placements, **options)
-        await cluster.scale(self.n_workers)
+        await cluster.scale(self.n_workers)  # type: ignore[no-untyped-call]
         return cluster
 
     async def _reconcile_forever(self) -> None:

@@ -56,7 +56,8 @@ class _Peer:
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
     lock: asyncio.Lock
-    caches: list[torch.Tensor] | None = None
+    handles: list[Any] | None = None  # the receiver's answer to "handles"
+    caches: list[torch.Tensor] | None = None  # its tensors, opened in the copying thread
 
 
 class IPCTransport:
@@ -78,6 +79,8 @@ class IPCTransport:
 
     def share(self, caches: Sequence[torch.Tensor]) -> None:
         """Offers this engine's paged cache tensors (dim 0: block) to senders."""
+        if caches:
+            bind_device(caches[0].device)
         self._handles = pickle.dumps([_handle(tensor) for tensor in caches])
 
     def expect_blocks(self, transfer_id: TransferId, block_ids: list[int]) -> asyncio.Future[None]:
@@ -115,13 +118,13 @@ class IPCTransport:
         peer = await self._peer(address)
         async with peer.lock:
             try:
-                if peer.caches is None:
-                    peer.caches = _open(await _ask(peer, ["handles"]))
+                if peer.handles is None:
+                    peer.handles = await _ask(peer, ["handles"])
                 reply = await _ask(peer, ["begin", transfer_id, len(block_ids)])
                 if reply[0] != "ok":
                     return False
                 try:
-                    await asyncio.to_thread(copy_blocks, caches, block_ids, peer.caches, reply[1])
+                    await asyncio.to_thread(_open_and_copy, peer, caches, block_ids, reply[1])
                 except (RuntimeError, ValueError) as exc:
                     await _ask(peer, ["abort", transfer_id, str(exc)])
                     raise TransferError(f"transfer {transfer_id}: the copy failed: {exc}") from exc
@@ -215,6 +218,25 @@ class IPCTransport:
         peer = self._peers.pop(address, None)
         if peer is not None:
             peer.writer.close()
+
+
+def bind_device(device: torch.device) -> None:
+    """Makes ``device``'s primary context current in this thread. A thread that never
+    ran CUDA work (a Dask worker's event loop, a pool thread) has none, and CUDA IPC calls
+    there fail with "invalid device context" (seen on the H200, 2026-12-01)."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.cuda.synchronize(device)
+
+
+def _open_and_copy(
+    peer: _Peer, caches: Sequence[torch.Tensor], src_ids: list[int], dst_ids: list[int]
+) -> None:
+    bind_device(caches[0].device)
+    if peer.caches is None:
+        assert peer.handles is not None
+        peer.caches = _open(peer.handles)
+    copy_blocks(caches, src_ids, peer.caches, dst_ids)
 
 
 def block_runs(src_ids: Sequence[int], dst_ids: Sequence[int]) -> list[tuple[int, int, int]]:

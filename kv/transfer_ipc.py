@@ -23,6 +23,7 @@ Design decisions:
 from __future__ import annotations
 
 import asyncio
+import logging
 import pickle
 import struct
 from collections.abc import Sequence
@@ -38,6 +39,7 @@ from torch.multiprocessing.reductions import reduce_tensor
 from dynask.kv.transfer import TransferError, TransferId
 
 _LENGTH = struct.Struct(">I")
+log = logging.getLogger(__name__)
 MAX_RUNS_AS_SLICES = 64  # more runs of consecutive blocks than this: one gather per tensor
 CONNECT_TIMEOUT_S = 10.0
 
@@ -126,6 +128,7 @@ class IPCTransport:
                 try:
                     await asyncio.to_thread(_open_and_copy, peer, caches, block_ids, reply[1])
                 except (RuntimeError, ValueError) as exc:
+                    log.warning("transfer %s: the copy failed", transfer_id, exc_info=True)
                     await _ask(peer, ["abort", transfer_id, str(exc)])
                     raise TransferError(f"transfer {transfer_id}: the copy failed: {exc}") from exc
                 await _ask(peer, ["done", transfer_id])

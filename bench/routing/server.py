@@ -26,7 +26,7 @@ from distributed import Client, LocalCluster
 
 from dynask.actors.api.actor_info import ActorInfo
 from dynask.actors.runtime.engine_actor import EngineActor
-from dynask.actors.runtime.engine_factory import EngineSpec
+from dynask.actors.runtime.engine_factory import EngineSpec, prepare_model
 from dynask.control_plane.api.app import build_app
 from dynask.control_plane.routing.model_routing import RoutingOptions
 from dynask.control_plane.serving.actor_handle import ActorHandle
@@ -73,6 +73,8 @@ async def start_actors(
 
 async def serve(args: argparse.Namespace) -> None:
     spec = EngineSpec(kind=args.engine, engine_args=json.loads(args.engine_args))
+    # The bundled GGUF is converted once, here, instead of by every actor at once.
+    await asyncio.to_thread(prepare_model, spec.model)
     async with (
         LocalCluster(
             n_workers=args.workers,

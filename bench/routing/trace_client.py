@@ -138,4 +138,13 @@ def summarize(wall_s: float, results: Sequence[ReplayResult]) -> dict[str, Any]:
         "kv_hit_rate": sum(cached) / sum(prompt) if cached and prompt else None,
         "prompt_tokens": sum(prompt),
         "send_lag_ms": {"p50": _stats_ms(lags)["p50"], "max": max(lags, default=0) * 1000},
+        # Per request, in trace order: [prompt tokens, cached tokens, TTFT ms] (None: failed).
+        "per_request": [_brief(r) for r in results],
     }
+
+
+def _brief(result: ReplayResult) -> list[Any] | None:
+    record = result.record
+    if not result.ok or record.ttft_s is None:
+        return None
+    return [record.prompt_tokens, record.cached_tokens, round(record.ttft_s * 1000, 1)]

@@ -11,7 +11,9 @@ Design decisions:
   fuller cache keeps its prefixes longer), then to a random one. With a temperature > 0
   the winner is sampled instead, by softmax over the negated costs divided by the
   highest cost, so the temperature means the same whatever the load's scale.
-- One chooser, four modes: ``kv`` (the cost above), ``least-loaded`` (the same cost with
+- One chooser, five modes: ``kv`` (the cost above), ``approximate`` (the same cost, its
+  overlaps from where earlier prompts were routed instead of from KV events: the caller
+  hands it those), ``least-loaded`` (the same cost with
   no prefix overlap: pure load balance), ``round-robin`` and ``random`` (the costs are
   still reported, so the decision log compares modes on equal terms).
 - Candidates are plain values built by whoever knows the actors' load, so the chooser is
@@ -46,7 +48,8 @@ from typing import Any, Protocol
 from dynask.kv.prefix_index import TierOverlap
 
 KV_MODE = "kv"
-ROUTING_MODES = (KV_MODE, "least-loaded", "round-robin", "random")
+APPROXIMATE_MODE = "approximate"
+ROUTING_MODES = (KV_MODE, APPROXIMATE_MODE, "least-loaded", "round-robin", "random")
 DEFAULT_LOG_SIZE = 1000
 _NO_OVERLAP = TierOverlap()
 _CANDIDATE_COUNTS = (
@@ -221,8 +224,8 @@ class KVRouter:
 
     @property
     def uses_overlaps(self) -> bool:
-        """Whether ``choose`` reads the prefix overlaps (mode ``kv``); else pass none."""
-        return self.config.mode == KV_MODE
+        """Whether ``choose`` reads the prefix overlaps (``kv``, ``approximate``)."""
+        return self.config.mode in (KV_MODE, APPROXIMATE_MODE)
 
     def choose(
         self,

@@ -195,8 +195,8 @@ def test_a_request_may_choose_its_router_mode(smollm2_folder: Path) -> None:
         error = caught.value.body
         assert isinstance(error, dict) and error["param"] == "router_mode"
         assert error["message"] == (
-            "'router_mode' has value 'sticky'; use one of kv, least-loaded, round-robin, "
-            "random, or leave it out for the server's default"
+            "'router_mode' has value 'sticky'; use one of kv, approximate, least-loaded, "
+            "round-robin, random, or leave it out for the server's default"
         )
         bad_limit = await stack.http.get("/v1/routing/decisions", params={"limit": "0"})
         assert bad_limit.status_code == 400

@@ -46,6 +46,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from bench.common.plots import plot
 from bench.common.processes import free_port, spawned, wait_until_ready
 from bench.common.report import code_version, machine_facts, write_json
@@ -97,7 +99,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--actors", type=int, default=8, help="mocker engines per system")
     parser.add_argument("--workers", type=int, default=2, help="dynask's Dask worker processes")
     parser.add_argument("--block-size", type=int, default=64, help="KV block tokens, both sides")
-    parser.add_argument("--kv-overlap-weight", type=float, default=1.0, help="dynask's w")
+    parser.add_argument("--kv-overlap-weight", help="dynask's w (default: the product's)")
+    parser.add_argument("--kv-decode-weight", help="dynask's decode weight (default: product's)")
     parser.add_argument("--out", type=Path, default=RESULTS / "trace_replay.json")
     args = parser.parse_args(argv)
     args.target_list = [_parse_target(t) for t in args.targets.split(",") if t]
@@ -126,8 +129,13 @@ def dynask_server(args: argparse.Namespace, workdir: Path) -> Iterator[str]:
         *("-m", "bench.routing.server", "--engine", "mocker"),
         *("--engine-args", json.dumps(matched_timing(args.block_size))),
         *("--actors", str(args.actors), "--workers", str(args.workers), "--port", str(port)),
-        *("--kv-overlap-weight", str(args.kv_overlap_weight)),
     ]
+    for flag_name, value in (
+        ("--kv-overlap-weight", args.kv_overlap_weight),
+        ("--kv-decode-weight", args.kv_decode_weight),
+    ):
+        if value is not None:
+            argv += [flag_name, value]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with spawned("dynask-server", argv, workdir, env) as server:
         base_url = f"http://127.0.0.1:{port}"
@@ -225,6 +233,7 @@ def run_all(args: argparse.Namespace, requests: list[Any], workdir: Path) -> lis
                 row = run_phase(
                     base_url, DYNASK_MODEL, requests, args, index + 1, {"router_mode": mode}
                 )
+                row["routing"] = routing_summary(base_url, len(requests))
                 rows.append({"system": "dynask", "mode": mode, **row})
                 print(format_row(rows[-1]), file=sys.stderr)
     for mode in dynamo_modes:
@@ -233,6 +242,28 @@ def run_all(args: argparse.Namespace, requests: list[Any], workdir: Path) -> lis
             rows.append({"system": "dynamo", "mode": mode, **row})
             print(format_row(rows[-1]), file=sys.stderr)
     return rows
+
+
+def routing_summary(base_url: str, count: int) -> dict[str, Any]:
+    """From dynask's decision log: requests per actor, and the winners' mean overlap."""
+    response = httpx.get(
+        f"{base_url}/v1/routing/decisions", params={"limit": count}, timeout=30.0
+    )
+    response.raise_for_status()
+    body = response.json()
+    decisions = body["data"] if isinstance(body, dict) else body
+    winners: dict[str, int] = {}
+    overlap = prompt = 0
+    for decision in decisions:
+        winners[decision["winner"]] = winners.get(decision["winner"], 0) + 1
+        won = next(c for c in decision["candidates"] if c["actor"] == decision["winner"])
+        overlap += won["overlap_blocks"]
+        prompt += decision["prompt_blocks"]
+    return {
+        "requests_per_actor": dict(sorted(winners.items())),
+        "winner_overlap_share": overlap / prompt if prompt else None,
+        "mean_compute_us": sum(d["compute_us"] for d in decisions) / max(1, len(decisions)),
+    }
 
 
 # ---- report --------------------------------------------------------------------------------
@@ -307,6 +338,7 @@ def main(argv: list[str]) -> int:
         "actors": args.actors,
         "block_size": args.block_size,
         "matched_timing": matched_timing(args.block_size),
+        "dynask_weights": {"overlap": args.kv_overlap_weight, "decode": args.kv_decode_weight},
         "reusable_share": share,
         "trace_rows": rows,
         "ttft_over_dynamo_kv": ttft_ratios,

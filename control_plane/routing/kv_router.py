@@ -186,6 +186,7 @@ class RouterConfig:
 
     mode: str = KV_MODE
     overlap_weight: float = 1.0  # w: cost of one block of prefill against one of decode
+    decode_weight: float = 1.0  # cost of one active decode block (see the module docstring)
     temperature: float = 0.0  # 0: deterministic lowest cost
     seed: int | None = None
     host_tier_weight: float = 0.75  # a host-memory hit, as a fraction of a device hit
@@ -196,7 +197,7 @@ class RouterConfig:
             raise ValueError(
                 f"RouterConfig.mode has value {self.mode!r}; use one of {', '.join(ROUTING_MODES)}"
             )
-        for name in ("overlap_weight", "temperature"):
+        for name in ("overlap_weight", "decode_weight", "temperature"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"RouterConfig.{name} has value {value!r}; expected a float >= 0")
@@ -278,7 +279,7 @@ class KVRouter:
                 1 - self.config.disk_tier_weight
             ) * tiers.disk_blocks
             prefill, decode = candidate.active_prefill_blocks, candidate.active_decode_blocks
-            cost = weight * (uncached + uncredited + prefill) + decode
+            cost = weight * (uncached + uncredited + prefill) + self.config.decode_weight * decode
             scores.append(
                 CandidateScore(
                     candidate.actor,

@@ -14,6 +14,12 @@ Design decisions:
   ``ApproxIndex``, KV events or not: each of its decisions is noted there, and its
   overlaps are read from there only. The exact index keeps following the events, so
   the two modes can be compared on one control plane.
+- Predicted blocks (mode ``kv``): a prompt routed to an actor is in its cache once that
+  actor has prefilled it, but its KV events come only then. A request sharing that
+  prefix and routed before them would see no overlap and go elsewhere, splitting one
+  conversation's cache over several actors. So every ``kv`` decision is also noted in
+  ``predicted`` (an ``ApproxIndex`` with a short TTL, ``--router-predicted-ttl-secs``),
+  and an actor's overlap is the larger of what its events say and what was routed to it.
 - Prompts are hashed in the block size of the model's first event-reporting actor (16
   when there is none). An actor with another block size is still served, but its blocks
   never match the prompt's hashes: its overlap is 0. The index under-reports then; it
@@ -56,6 +62,8 @@ from dynask.kv.prefix_index import PrefixIndex, TierOverlap
 
 log = logging.getLogger(__name__)
 
+DEFAULT_PREDICTED_TTL_S = 30.0  # longer than a prefill in a queue; shorter than an idle cache
+
 
 @dataclass(frozen=True)
 class RoutingOptions:
@@ -71,6 +79,12 @@ class RoutingOptions:
         "--kv-overlap-weight",
         1.0,
         "cost of one prefill block against one decode block (default {default})",
+        type=non_negative_float,
+    )
+    decode_weight: float = flag(
+        "--kv-decode-weight",
+        1.0,
+        "cost of one active decode block against one prefill block (default {default})",
         type=non_negative_float,
     )
     temperature: float = flag(
@@ -103,6 +117,13 @@ class RoutingOptions:
         "approximate routing: blocks assumed held per engine, least recent forgotten first",
         type=positive_int,
     )
+    predicted_ttl_s: float = flag(
+        "--router-predicted-ttl-secs",
+        DEFAULT_PREDICTED_TTL_S,
+        "kv routing: how long a routed prompt counts as cached before its KV events "
+        "confirm it (0: off; default {default})",
+        type=non_negative_float,
+    )
     seed: int | None = None
     log_size: int = DEFAULT_LOG_SIZE
 
@@ -115,7 +136,13 @@ class RoutingOptions:
             raise ValueError(f"RoutingOptions.log_size must be >= 1, got {self.log_size!r}")
 
     def router_config(self, mode: str) -> RouterConfig:
-        return RouterConfig(mode, self.overlap_weight, self.temperature, self.seed)
+        return RouterConfig(
+            mode,
+            self.overlap_weight,
+            decode_weight=self.decode_weight,
+            temperature=self.temperature,
+            seed=self.seed,
+        )
 
     @property
     def thresholds(self) -> OverloadThresholds:
@@ -148,6 +175,11 @@ class ModelRouting:
         self.prefix = PrefixIndex()
         self.approx = ApproxIndex(
             options.approx_ttl_s, capacity_blocks=options.approx_capacity_blocks
+        )
+        self.predicted = (
+            ApproxIndex(options.predicted_ttl_s, capacity_blocks=options.approx_capacity_blocks)
+            if options.predicted_ttl_s > 0
+            else None
         )
         self.decisions = DecisionLog(options.log_size)
         self.block_size: int | None = None  # set by the first event-reporting actor
@@ -198,6 +230,8 @@ class ModelRouting:
         self._approx_actors.discard(name)
         self.prefix.remove_actor(name)
         self.approx.remove_actor(name)
+        if self.predicted is not None:
+            self.predicted.remove_actor(name)
 
     def sync(self, name: str) -> ActorKVSync | None:
         """The event follower of an actor (None for approximate or unknown actors)."""
@@ -223,6 +257,11 @@ class ModelRouting:
             assumed = self.approx.find_matches(local_hashes)
             return {actor: TierOverlap(blocks) for actor, blocks in assumed.items()}
         matches = self.prefix.find_tiered_matches(local_hashes)
+        if self.predicted is not None:
+            for actor, blocks in self.predicted.find_matches(local_hashes).items():
+                known = matches.get(actor)
+                if known is None or known.total_blocks < blocks:
+                    matches[actor] = TierOverlap(blocks)  # routed there, events not yet in
         if self._approx_actors:
             approx = self.approx.find_matches(local_hashes)
             matches.update(
@@ -266,6 +305,8 @@ class ModelRouting:
         decision = router.choose(request_id, hashes, eligible, overlaps)
         if approximate or decision.winner in self._approx_actors:
             self.approx.note_routed(decision.winner, hashes)
+        elif router.config.mode == KV_MODE and self.predicted is not None:
+            self.predicted.note_routed(decision.winner, hashes)
         winner = next(actor for actor in ready if actor.name == decision.winner)
         overlap = decision.winner_score.overlap_blocks
         self._observe(decision, overlap)

@@ -207,7 +207,12 @@ async def warm_up(base_url: str, model: str, extra: dict[str, Any], count: int) 
 
 
 def run_phase(
-    base_url: str, model: str, requests: list[Any], args: argparse.Namespace, salt: int, extra
+    base_url: str,
+    model: str,
+    requests: list[Any],
+    args: argparse.Namespace,
+    salt: int,
+    extra: dict[str, Any],
 ) -> dict[str, Any]:
     asyncio.run(warm_up(base_url, model, extra, args.actors))
     wall, results = asyncio.run(
@@ -246,9 +251,7 @@ def run_all(args: argparse.Namespace, requests: list[Any], workdir: Path) -> lis
 
 def routing_summary(base_url: str, count: int) -> dict[str, Any]:
     """From dynask's decision log: requests per actor, and the winners' mean overlap."""
-    response = httpx.get(
-        f"{base_url}/v1/routing/decisions", params={"limit": count}, timeout=30.0
-    )
+    response = httpx.get(f"{base_url}/v1/routing/decisions", params={"limit": count}, timeout=30.0)
     response.raise_for_status()
     body = response.json()
     decisions = body["data"] if isinstance(body, dict) else body

@@ -53,6 +53,7 @@ from bench.common.processes import free_port, spawned, wait_until_ready
 from bench.common.report import code_version, machine_facts, write_json
 from bench.routing.trace import (
     PromptBuilder,
+    TraceRequest,
     load_trace,
     parse_slice,
     reusable_block_share,
@@ -195,8 +196,6 @@ def dynamo_stack(args: argparse.Namespace, mode: str, workdir: Path) -> Iterator
 
 async def warm_up(base_url: str, model: str, extra: dict[str, Any], count: int) -> None:
     """Short requests of their own tokens, so first-call costs stay out of the phase."""
-    from bench.routing.trace import TraceRequest
-
     warm = [TraceRequest(i * 10.0, 300, 2, (10_000_000 + i,)) for i in range(count)]
     _, results = await replay(
         base_url, model, warm, speedup=1.0, builder=PromptBuilder(salt=-1), extra_body=extra

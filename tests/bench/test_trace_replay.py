@@ -87,9 +87,11 @@ def test_arrivals_are_the_trace_times_over_the_speedup(tmp_path: Path) -> None:
 def test_a_replay_hits_the_prefixes_its_hash_ids_share(smollm2_folder: Path) -> None:
     trace = [
         _request(0, 1024, (1, 2), out=3),
-        _request(1000, 1500, (1, 2, 3), out=2),  # its first 2 blocks: 1024 cached tokens
-        _request(2000, 700, (4, 5), out=4),  # nothing shared
-        _request(3000, 1500, (1, 2, 3), out=2),  # all of it but the last partial block
+        # Seconds apart, so each request has ended before the next one is due (a loaded
+        # machine must not turn a prefix hit into a miss of a still-running prefill).
+        _request(3000, 1500, (1, 2, 3), out=2),  # its first 2 blocks: 1024 cached tokens
+        _request(6000, 700, (4, 5), out=4),  # nothing shared
+        _request(9000, 1500, (1, 2, 3), out=2),  # all of it but the last partial block
     ]
 
     async def main() -> None:
@@ -103,8 +105,8 @@ def test_a_replay_hits_the_prefixes_its_hash_ids_share(smollm2_folder: Path) -> 
     wall, results = asyncio.run(main())
 
     assert [r.ok for r in results] == [True] * 4
-    assert [r.scheduled_s for r in results] == [0.0, 0.5, 1.0, 1.5]
-    assert all(0 <= r.send_lag_s < 0.4 for r in results)  # a bound, not a benchmark
+    assert [r.scheduled_s for r in results] == [0.0, 1.5, 3.0, 4.5]
+    assert all(0 <= r.send_lag_s < 1.0 for r in results)  # a bound, not a benchmark
     assert [r.record.completion_tokens for r in results] == [3, 2, 4, 2]
     assert [r.record.prompt_tokens for r in results] == [1024, 1500, 700, 1500]
     # mocker blocks of 16 tokens: a full cached trace block is 32 of them; the prompt's

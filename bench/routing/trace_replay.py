@@ -316,10 +316,12 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="trace-replay-") as tmp:
         try:
             rows = run_all(args, requests, Path(tmp))
-        finally:
-            logs = args.out.parent / "trace_replay_logs"
+        except BaseException:
+            logs = Path(tempfile.gettempdir()) / "trace_replay_logs"  # kept for a failed run
             with contextlib.suppress(OSError):
                 shutil.copytree(tmp, logs, dirs_exist_ok=True, ignore=_not_logs)
+            print(f"the processes' logs are in {logs}", file=sys.stderr)
+            raise
     share = {
         "blocks_512": reusable_block_share(requests),
         "tokens_engine_blocks": reusable_token_share(requests, args.block_size),

@@ -13,6 +13,11 @@ Design decisions:
   the new time. So the heap holds about one entry per (actor, block), however often a
   prefix is routed. Expired blocks are pruned from the tree: an idle index shrinks back
   to nothing.
+- LRU pruning: with ``capacity_blocks`` an actor is assumed to hold at most that many
+  blocks (its engine's KV cache); routing past it forgets the actor's least recently
+  routed blocks first, as the engine's own LRU would evict them. A prompt's blocks are
+  touched last block first, so its leading blocks are the most recent and a prefix is
+  forgotten from its tail (the engine, too, evicts tail-first).
 - The clock is injected (``clock``, or ``now=`` per call) so tests control time.
 """
 
@@ -21,6 +26,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from dynask.kv.radix_tree import RadixNode, RadixTree
@@ -34,14 +40,27 @@ class ApproxIndex:
     """Which actors probably hold which prefix blocks, from where prompts were routed."""
 
     def __init__(
-        self, ttl_s: float = DEFAULT_TTL_S, clock: Callable[[], float] = time.monotonic
+        self,
+        ttl_s: float = DEFAULT_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
+        capacity_blocks: int | None = None,
     ) -> None:
         if not ttl_s > 0:
             raise ValueError(f"ApproxIndex ttl_s must be > 0, got {ttl_s!r}")
+        if capacity_blocks is not None and (
+            isinstance(capacity_blocks, bool)
+            or not isinstance(capacity_blocks, int)
+            or capacity_blocks < 1
+        ):
+            raise ValueError(
+                f"ApproxIndex capacity_blocks has value {capacity_blocks!r}; expected an int >= 1"
+            )
         self.ttl_s = ttl_s
+        self.capacity_blocks = capacity_blocks  # per actor; None: the TTL alone prunes
         self._clock = clock
         self._tree: RadixTree[float] = RadixTree()
-        self._nodes_of: dict[str, set[_Node]] = {}
+        # Per actor, its nodes from least to most recently routed (values unused).
+        self._nodes_of: dict[str, OrderedDict[_Node, None]] = {}
         # (expiry, tie-breaker, actor, node); the counter keeps nodes out of comparisons.
         self._expiries: list[tuple[float, int, str, _Node]] = []
         self._counter = itertools.count()
@@ -55,14 +74,23 @@ class ApproxIndex:
         now = self._now(now)
         self._expire(now)
         expiry = now + self.ttl_s
-        nodes = self._nodes_of.setdefault(actor, set())
+        nodes = self._nodes_of.setdefault(actor, OrderedDict())
+        path = []
         node = self._tree.root
         for local_hash in local_hashes:
             node = self._tree.child(node, local_hash)
+            path.append(node)
+        for node in reversed(path):  # the leading block ends up most recent
             if actor not in node.holders:
-                nodes.add(node)
                 self._push(expiry, actor, node)
             node.holders[actor] = expiry
+            nodes[node] = None
+            nodes.move_to_end(node)
+        if self.capacity_blocks is not None:
+            while len(nodes) > self.capacity_blocks:
+                oldest, _ = nodes.popitem(last=False)
+                del oldest.holders[actor]
+                self._tree.prune(oldest)
 
     def find_matches(self, local_hashes: Sequence[int], now: float | None = None) -> dict[str, int]:
         """Per actor, how many leading blocks of the query it probably holds.
@@ -104,13 +132,13 @@ class ApproxIndex:
             expiry, _, actor, node = heapq.heappop(expiries)
             current = node.holders.get(actor)
             if current is None:
-                continue  # its actor was removed
+                continue  # its actor was removed, or the block pruned as least recent
             if current > expiry:
                 self._push(current, actor, node)  # refreshed since
                 continue
             del node.holders[actor]
             nodes = self._nodes_of[actor]
-            nodes.discard(node)
+            nodes.pop(node, None)
             if not nodes:
                 del self._nodes_of[actor]
             self._tree.prune(node)

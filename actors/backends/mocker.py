@@ -58,6 +58,7 @@ class MockerConfig:
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     speedup_ratio: float = 1.0  # 0 or inf: no sleeping
+    prefill_ms_base: float = 0.0  # per step that prefills anything (Dynamo's fit: 16.5)
     prefill_ms_per_token: float = 0.074
     prefill_quadratic_ms: float = 1.25e-6  # per (uncached prompt tokens of the step)^2
     decode_ms_base: float = 5.7  # per step that decodes anything
@@ -81,6 +82,7 @@ class MockerConfig:
         )
         _check(self.speedup_ratio >= 0, "speedup_ratio", self.speedup_ratio, "a number >= 0")
         for name in (
+            "prefill_ms_base",
             "prefill_ms_per_token",
             "prefill_quadratic_ms",
             "decode_ms_base",
@@ -140,6 +142,8 @@ def simulated_step_ms(config: MockerConfig, shape: StepShape) -> float:
     """Model time of one step in milliseconds (before ``speedup_ratio``)."""
     tokens = shape.prefill_tokens
     prefill = config.prefill_quadratic_ms * tokens**2 + config.prefill_ms_per_token * tokens
+    if tokens:
+        prefill += config.prefill_ms_base
     decode = 0.0
     if shape.decode_seqs:
         decode = config.decode_ms_base + config.decode_ms_per_active_block * (

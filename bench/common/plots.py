@@ -5,6 +5,8 @@
   TTFT of a long prompt cold and with its prefix cached.
 - ``routing.py``: the routing modes side by side per scenario: TTFT p50/p99, KV hit rate,
   requests/s.
+- ``routing/trace_replay.py``: every target (system and router mode) side by side: TTFT
+  mean and p99, the engines' KV hit rate against the trace's reusable share, E2E p50.
 - ``serve.py``: TTFT and ITL percentiles (p50, p99) against concurrency, per system
   and engine: the latency distributions as the benchmark records them.
 
@@ -101,9 +103,37 @@ def serve_figure(data: dict[str, Any]) -> Figure:
     return fig
 
 
+def trace_figure(data: dict[str, Any]) -> Figure:
+    rows = data["trace_rows"]
+    names = [f"{r['system']}\n{r['mode']}" for r in rows]
+    panels = [
+        ("ttft_ms", "mean", "TTFT mean (ms)"),
+        ("ttft_ms", "p99", "TTFT p99 (ms)"),
+        ("kv_hit_rate", None, "KV hit rate (engines)"),
+        ("e2e_ms", "p50", "E2E p50 (ms)"),
+    ]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2))
+    colors = ["tab:blue" if r["system"] == "dynask" else "tab:green" for r in rows]
+    for ax, (key, stat, label) in zip(axes, panels, strict=True):
+        values = [(r[key] or {}).get(stat) if stat else r[key] for r in rows]
+        ax.bar(range(len(rows)), [v or 0 for v in values], color=colors)
+        ax.set_xticks(range(len(rows)), names, fontsize=7)
+        ax.set_title(label)
+    share = data["reusable_share"]["tokens_engine_blocks"]
+    axes[2].axhline(share, color="black", linestyle="--", label=f"trace reusable {share:.2f}")
+    axes[2].legend(fontsize=8)
+    fig.suptitle(
+        f"trace_replay: slice {data['slice']} x{data['speedup']:g}, {data['actors']} mockers "
+        f"each (blue dynask, green Dynamo 1.6.1), {data.get('timestamp', '')}"
+    )
+    fig.tight_layout()
+    return fig
+
+
 FIGURES: dict[str, Callable[[dict[str, Any]], Figure]] = {
     "throughput": engine_figure,  # the key that tells a result's kind apart
     "scenarios": routing_figure,
+    "trace_rows": trace_figure,
     "engine_ttft": serve_figure,
 }
 

@@ -26,7 +26,7 @@ from distributed import Client, LocalCluster
 
 from dynask.actors.api.actor_info import ActorInfo
 from dynask.actors.runtime.engine_actor import EngineActor
-from dynask.actors.runtime.engine_factory import EngineSpec
+from dynask.actors.runtime.engine_factory import EngineSpec, prepare_model
 from dynask.control_plane.api.app import build_app
 from dynask.control_plane.routing.model_routing import RoutingOptions
 from dynask.control_plane.serving.actor_handle import ActorHandle
@@ -44,7 +44,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=4, help="Dask worker processes")
     parser.add_argument("--port", type=int, default=8123)
     parser.add_argument("--router-mode", default="kv", help="the default; requests override it")
-    parser.add_argument("--kv-overlap-weight", type=float, default=1.0, help="w of the kv cost")
+    parser.add_argument("--kv-overlap-weight", type=float, default=None, help="w of the kv cost")
+    parser.add_argument("--kv-decode-weight", type=float, default=None, help="decode block cost")
     return parser.parse_args(argv)
 
 
@@ -73,6 +74,8 @@ async def start_actors(
 
 async def serve(args: argparse.Namespace) -> None:
     spec = EngineSpec(kind=args.engine, engine_args=json.loads(args.engine_args))
+    # The bundled GGUF is converted once, here, instead of by every actor at once.
+    await asyncio.to_thread(prepare_model, spec.model)
     async with (
         LocalCluster(
             n_workers=args.workers,
@@ -96,7 +99,15 @@ async def serve(args: argparse.Namespace) -> None:
             )
         )
         handles = sorted((h for group in started for h in group), key=lambda h: names.index(h.name))
-        routing = RoutingOptions(mode=args.router_mode, overlap_weight=args.kv_overlap_weight)
+        weights = {
+            name: value
+            for name, value in (
+                ("overlap_weight", args.kv_overlap_weight),
+                ("decode_weight", args.kv_decode_weight),
+            )
+            if value is not None  # None: the product's default
+        }
+        routing = RoutingOptions(mode=args.router_mode, **weights)
         service = ServingService(ServingMetrics(), routing)
         for handle in handles:
             service.add_actor(MODEL, handle)

@@ -11,7 +11,9 @@ Design decisions:
   fuller cache keeps its prefixes longer), then to a random one. With a temperature > 0
   the winner is sampled instead, by softmax over the negated costs divided by the
   highest cost, so the temperature means the same whatever the load's scale.
-- One chooser, four modes: ``kv`` (the cost above), ``least-loaded`` (the same cost with
+- One chooser, five modes: ``kv`` (the cost above), ``approximate`` (the same cost, its
+  overlaps from where earlier prompts were routed instead of from KV events: the caller
+  hands it those), ``least-loaded`` (the same cost with
   no prefix overlap: pure load balance), ``round-robin`` and ``random`` (the costs are
   still reported, so the decision log compares modes on equal terms).
 - Candidates are plain values built by whoever knows the actors' load, so the chooser is
@@ -46,7 +48,8 @@ from typing import Any, Protocol
 from dynask.kv.prefix_index import TierOverlap
 
 KV_MODE = "kv"
-ROUTING_MODES = (KV_MODE, "least-loaded", "round-robin", "random")
+APPROXIMATE_MODE = "approximate"
+ROUTING_MODES = (KV_MODE, APPROXIMATE_MODE, "least-loaded", "round-robin", "random")
 DEFAULT_LOG_SIZE = 1000
 _NO_OVERLAP = TierOverlap()
 _CANDIDATE_COUNTS = (
@@ -183,6 +186,7 @@ class RouterConfig:
 
     mode: str = KV_MODE
     overlap_weight: float = 1.0  # w: cost of one block of prefill against one of decode
+    decode_weight: float = 1.0  # cost of one active decode block (see the module docstring)
     temperature: float = 0.0  # 0: deterministic lowest cost
     seed: int | None = None
     host_tier_weight: float = 0.75  # a host-memory hit, as a fraction of a device hit
@@ -193,7 +197,7 @@ class RouterConfig:
             raise ValueError(
                 f"RouterConfig.mode has value {self.mode!r}; use one of {', '.join(ROUTING_MODES)}"
             )
-        for name in ("overlap_weight", "temperature"):
+        for name in ("overlap_weight", "decode_weight", "temperature"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"RouterConfig.{name} has value {value!r}; expected a float >= 0")
@@ -221,8 +225,8 @@ class KVRouter:
 
     @property
     def uses_overlaps(self) -> bool:
-        """Whether ``choose`` reads the prefix overlaps (mode ``kv``); else pass none."""
-        return self.config.mode == KV_MODE
+        """Whether ``choose`` reads the prefix overlaps (``kv``, ``approximate``)."""
+        return self.config.mode in (KV_MODE, APPROXIMATE_MODE)
 
     def choose(
         self,
@@ -275,7 +279,7 @@ class KVRouter:
                 1 - self.config.disk_tier_weight
             ) * tiers.disk_blocks
             prefill, decode = candidate.active_prefill_blocks, candidate.active_decode_blocks
-            cost = weight * (uncached + uncredited + prefill) + decode
+            cost = weight * (uncached + uncredited + prefill) + self.config.decode_weight * decode
             scores.append(
                 CandidateScore(
                     candidate.actor,

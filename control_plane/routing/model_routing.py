@@ -5,9 +5,21 @@ Design decisions:
 - One ``PrefixIndex`` per served model, keyed by actor name, fed through an
   ``ActorKVSync`` per actor whose engine reports KV events (``info.kv_events``).
   Actors without (echo, python) go into an ``ApproxIndex`` instead: a prompt's blocks are
-  assumed cached on the actor it was routed to, for a TTL. ``find_tiered_matches``
-  merges the two (their actors are disjoint); ``choose`` computes the overlaps there and
-  hands them to the ``KVRouter``, a pure chooser that never calls back.
+  assumed cached on the actor it was routed to, for a TTL, at most ``--router-approx-
+  capacity-blocks`` per actor (LRU). ``find_tiered_matches`` merges the two (in mode
+  ``kv`` only the approximate actors are read from the ``ApproxIndex``); ``choose``
+  computes the overlaps there and hands them to the ``KVRouter``, a pure chooser that
+  never calls back.
+- Mode ``approximate`` (Dynamo's ``--no-router-kv-events``) routes every actor from the
+  ``ApproxIndex``, KV events or not: each of its decisions is noted there, and its
+  overlaps are read from there only. The exact index keeps following the events, so
+  the two modes can be compared on one control plane.
+- Predicted blocks (mode ``kv``): a prompt routed to an actor is in its cache once that
+  actor has prefilled it, but its KV events come only then. A request sharing that
+  prefix and routed before them would see no overlap and go elsewhere, splitting one
+  conversation's cache over several actors. So every ``kv`` decision is also noted in
+  ``predicted`` (an ``ApproxIndex`` with a short TTL, ``--router-predicted-ttl-secs``),
+  and an actor's overlap is the larger of what its events say and what was routed to it.
 - Prompts are hashed in the block size of the model's first event-reporting actor (16
   when there is none). An actor with another block size is still served, but its blocks
   never match the prompt's hashes: its overlap is 0. The index under-reports then; it
@@ -30,6 +42,7 @@ from dataclasses import dataclass
 from dynask.control_plane.flags import flag, non_negative_float, positive_int
 from dynask.control_plane.routing.kv_event_sync import ActorKVSync
 from dynask.control_plane.routing.kv_router import (
+    APPROXIMATE_MODE,
     DEFAULT_LOG_SIZE,
     KV_MODE,
     ROUTING_MODES,
@@ -43,11 +56,13 @@ from dynask.control_plane.routing.kv_router import (
 from dynask.control_plane.serving.actor_handle import ActorHandle
 from dynask.control_plane.serving.actor_load import DEFAULT_BLOCK_SIZE
 from dynask.control_plane.serving.metrics import ServingMetrics
-from dynask.kv.approx_index import ApproxIndex
+from dynask.kv.approx_index import DEFAULT_TTL_S, ApproxIndex
 from dynask.kv.hashing import local_block_hash
 from dynask.kv.prefix_index import PrefixIndex, TierOverlap
 
 log = logging.getLogger(__name__)
+
+DEFAULT_PREDICTED_TTL_S = 30.0  # longer than a prefill in a queue; shorter than an idle cache
 
 
 @dataclass(frozen=True)
@@ -64,6 +79,12 @@ class RoutingOptions:
         "--kv-overlap-weight",
         1.0,
         "cost of one prefill block against one decode block (default {default})",
+        type=non_negative_float,
+    )
+    decode_weight: float = flag(
+        "--kv-decode-weight",
+        1.0,
+        "cost of one active decode block against one prefill block (default {default})",
         type=non_negative_float,
     )
     temperature: float = flag(
@@ -84,6 +105,25 @@ class RoutingOptions:
         "503 when every engine has this many requests waiting (default: no limit)",
         type=positive_int,
     )
+    approx_ttl_s: float = flag(
+        "--router-ttl-secs",
+        DEFAULT_TTL_S,
+        "approximate routing: how long a routed prompt counts as cached (default {default})",
+        type=non_negative_float,
+    )
+    approx_capacity_blocks: int | None = flag(  # None: the TTL alone forgets blocks
+        "--router-approx-capacity-blocks",
+        None,
+        "approximate routing: blocks assumed held per engine, least recent forgotten first",
+        type=positive_int,
+    )
+    predicted_ttl_s: float = flag(
+        "--router-predicted-ttl-secs",
+        DEFAULT_PREDICTED_TTL_S,
+        "kv routing: how long a routed prompt counts as cached before its KV events "
+        "confirm it (0: off; default {default})",
+        type=non_negative_float,
+    )
     seed: int | None = None
     log_size: int = DEFAULT_LOG_SIZE
 
@@ -96,7 +136,13 @@ class RoutingOptions:
             raise ValueError(f"RoutingOptions.log_size must be >= 1, got {self.log_size!r}")
 
     def router_config(self, mode: str) -> RouterConfig:
-        return RouterConfig(mode, self.overlap_weight, self.temperature, self.seed)
+        return RouterConfig(
+            mode,
+            self.overlap_weight,
+            decode_weight=self.decode_weight,
+            temperature=self.temperature,
+            seed=self.seed,
+        )
 
     @property
     def thresholds(self) -> OverloadThresholds:
@@ -127,7 +173,14 @@ class ModelRouting:
         self.model = model
         self.options = options
         self.prefix = PrefixIndex()
-        self.approx = ApproxIndex()
+        self.approx = ApproxIndex(
+            options.approx_ttl_s, capacity_blocks=options.approx_capacity_blocks
+        )
+        self.predicted = (
+            ApproxIndex(options.predicted_ttl_s, capacity_blocks=options.approx_capacity_blocks)
+            if options.predicted_ttl_s > 0
+            else None
+        )
         self.decisions = DecisionLog(options.log_size)
         self.block_size: int | None = None  # set by the first event-reporting actor
         self._metrics = metrics
@@ -177,6 +230,8 @@ class ModelRouting:
         self._approx_actors.discard(name)
         self.prefix.remove_actor(name)
         self.approx.remove_actor(name)
+        if self.predicted is not None:
+            self.predicted.remove_actor(name)
 
     def sync(self, name: str) -> ActorKVSync | None:
         """The event follower of an actor (None for approximate or unknown actors)."""
@@ -190,17 +245,32 @@ class ModelRouting:
 
     def find_matches(self, local_hashes: Sequence[int]) -> dict[str, int]:
         """Per actor, how many leading blocks of the prompt it holds (``MatchIndex``)."""
-        matches = self.prefix.find_matches(local_hashes)
-        if self._approx_actors:
-            matches.update(self.approx.find_matches(local_hashes))
-        return matches
+        tiered = self.find_tiered_matches(local_hashes)
+        return {actor: overlap.total_blocks for actor, overlap in tiered.items()}
 
-    def find_tiered_matches(self, local_hashes: Sequence[int]) -> dict[str, TierOverlap]:
-        """``find_matches`` by tier (``TieredMatchIndex``); approximate actors count as device."""
+    def find_tiered_matches(
+        self, local_hashes: Sequence[int], approximate: bool = False
+    ) -> dict[str, TierOverlap]:
+        """``find_matches`` by tier (``TieredMatchIndex``); approximate actors count as
+        device. With ``approximate``, every actor's overlap is the ``ApproxIndex``'s."""
+        if approximate:
+            assumed = self.approx.find_matches(local_hashes)
+            return {actor: TierOverlap(blocks) for actor, blocks in assumed.items()}
         matches = self.prefix.find_tiered_matches(local_hashes)
+        if self.predicted is not None:
+            for actor, blocks in self.predicted.find_matches(local_hashes).items():
+                known = matches.get(actor)
+                if known is None or known.total_blocks < blocks:
+                    matches[actor] = TierOverlap(blocks)  # routed there, events not yet in
         if self._approx_actors:
             approx = self.approx.find_matches(local_hashes)
-            matches.update({actor: TierOverlap(blocks) for actor, blocks in approx.items()})
+            matches.update(
+                {
+                    actor: TierOverlap(blocks)
+                    for actor, blocks in approx.items()
+                    if actor in self._approx_actors  # event actors' notes: mode approximate's
+                }
+            )
         return matches
 
     def local_hashes(self, prompt_ids: Sequence[int]) -> list[int]:
@@ -228,10 +298,15 @@ class ModelRouting:
             raise OverloadedError(self._overload_message(candidates))
         hashes = self.local_hashes(prompt_ids)
         router = self._router(mode or self.options.mode)
-        overlaps = self.find_tiered_matches(hashes) if router.uses_overlaps and hashes else {}
+        approximate = router.config.mode == APPROXIMATE_MODE
+        overlaps = (
+            self.find_tiered_matches(hashes, approximate) if router.uses_overlaps and hashes else {}
+        )
         decision = router.choose(request_id, hashes, eligible, overlaps)
-        if decision.winner in self._approx_actors:
+        if approximate or decision.winner in self._approx_actors:
             self.approx.note_routed(decision.winner, hashes)
+        elif router.config.mode == KV_MODE and self.predicted is not None:
+            self.predicted.note_routed(decision.winner, hashes)
         winner = next(actor for actor in ready if actor.name == decision.winner)
         overlap = decision.winner_score.overlap_blocks
         self._observe(decision, overlap)

@@ -15,7 +15,7 @@ RESULTS = PLOTS.parents[1] / "results"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("name", ["engine.json", "routing.json", "serve.json"])
+@pytest.mark.parametrize("name", ["engine.json", "routing.json", "serve.json", "trace_replay.json"])
 def test_a_png_is_written_beside_the_json(name: str, tmp_path: Path) -> None:
     result = shutil.copy(RESULTS / name, tmp_path / name)
     done = subprocess.run(

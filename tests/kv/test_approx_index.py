@@ -76,3 +76,50 @@ def test_the_ttl_must_be_positive(ttl: float) -> None:
 def test_actor_ids_must_be_non_empty_strings() -> None:
     with pytest.raises(ValueError, match="actor id has value ''"):
         ApproxIndex().note_routed("", P)
+
+
+def test_past_its_capacity_an_actor_forgets_its_least_recently_routed_blocks() -> None:
+    index = ApproxIndex(ttl_s=100, capacity_blocks=5)
+    index.note_routed("w0", [1, 2, 3], now=0.0)
+    index.note_routed("w0", [7, 8], now=1.0)
+    index.note_routed("w1", [1, 2, 3], now=1.0)  # another actor's budget is its own
+
+    index.note_routed("w0", [9], now=2.0)  # 6 blocks: the oldest, prompt [1,2,3]'s tail, goes
+
+    assert index.find_matches([1, 2, 3], now=3.0) == {"w0": 2, "w1": 3}
+    assert index.find_matches([7, 8], now=3.0) == {"w0": 2}
+    assert index.num_blocks("w0", now=3.0) == 5
+    index.note_routed("w0", [20, 21, 22], now=4.0)  # 8 blocks: 3 more go, oldest first
+    assert index.find_matches([1, 2, 3], now=5.0) == {"w1": 3}  # 2, then 1
+    assert index.find_matches([7, 8], now=5.0) == {"w0": 1}  # 8 went, 7 stays
+    assert index.num_blocks("w0", now=5.0) == 5
+
+
+def test_routing_a_prefix_again_makes_it_most_recent() -> None:
+    index = ApproxIndex(ttl_s=100, capacity_blocks=4)
+    index.note_routed("w0", [1, 2], now=0.0)
+    index.note_routed("w0", [5, 6], now=1.0)
+    index.note_routed("w0", [1], now=2.0)  # block 1 is now the most recent, 2 the oldest
+
+    index.note_routed("w0", [9], now=3.0)
+
+    assert index.find_matches([1, 2], now=4.0) == {"w0": 1}
+    assert index.find_matches([5, 6], now=4.0) == {"w0": 2}
+
+
+def test_lru_and_ttl_together_leave_no_stale_heap_entry_behind() -> None:
+    index = ApproxIndex(ttl_s=10, capacity_blocks=2)
+    index.note_routed("w0", [1, 2], now=0.0)
+    index.note_routed("w0", [3, 4], now=1.0)  # [1, 2] pruned by LRU
+    index.note_routed("w0", [1, 2], now=2.0)  # back, [3, 4] pruned
+
+    assert index.find_matches([1, 2], now=11.9) == {"w0": 2}
+    assert index.find_matches([3, 4], now=11.9) == {}
+    assert index.find_matches([1, 2], now=12.0) == {}
+    assert (index.num_nodes(), index.actors(now=12.0)) == (0, [])
+
+
+@pytest.mark.parametrize("capacity", [0, -3, 2.5, True])
+def test_the_capacity_must_be_a_positive_int(capacity: object) -> None:
+    with pytest.raises(ValueError, match="capacity_blocks has value"):
+        ApproxIndex(capacity_blocks=capacity)  # type: ignore[arg-type]

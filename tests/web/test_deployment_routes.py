@@ -70,7 +70,7 @@ def _create(stack: AdminStack, csrf: str, **changes: str) -> tuple[int, str]:
                 "block_size, decode_ms_base, decode_ms_per_active_block, enable_prefix_caching, "
                 "eos_probability, kv_transfer_ms_per_block, max_model_len, "
                 "max_num_batched_tokens, max_num_seqs, "
-                "num_kv_blocks, prefill_ms_per_token, prefill_quadratic_ms, seed, "
+                "num_kv_blocks, prefill_ms_base, prefill_ms_per_token, prefill_quadratic_ms, seed, "
                 "speedup_ratio, vocab_size"
             },
         ),

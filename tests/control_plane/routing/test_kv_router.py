@@ -165,7 +165,7 @@ def test_round_robin_and_random_modes() -> None:
 
     assert random_winners() == random_winners()
     assert set(random_winners()) == {"w0", "w1", "w2"}
-    assert ROUTING_MODES == ("kv", "least-loaded", "round-robin", "random")
+    assert ROUTING_MODES == ("kv", "approximate", "least-loaded", "round-robin", "random")
 
 
 def test_the_decision_log_is_bounded_and_newest_first() -> None:

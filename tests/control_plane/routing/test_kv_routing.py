@@ -125,7 +125,8 @@ def test_lost_events_are_found_by_their_ids_and_resynced_from_a_dump(
         [decision] = await stack.decisions()
         assert decision["winner"] == holder and overlaps(decision)[holder] == 10
 
-    _run(smollm2_folder, body)
+    # What the events say, alone: no routed prompt counts as predicted-cached here.
+    _run(smollm2_folder, body, routing=RoutingOptions(predicted_ttl_s=0))
 
 
 def test_a_restarted_control_plane_rebuilds_the_index_from_dumps(smollm2_folder: Path) -> None:
@@ -170,7 +171,7 @@ def test_a_lost_actor_takes_its_blocks_with_it(smollm2_folder: Path) -> None:
             await asyncio.sleep(0.01)
 
         assert stack.handle(holder).broken
-        assert routing.find_matches(routing.local_hashes(prompt)) == {}
+        assert routing.prefix.find_matches(routing.local_hashes(prompt)) == {}
         assert holder not in routing.prefix.actors()
         reply = await stack.complete(prompt)
         [decision] = await stack.decisions()
@@ -195,8 +196,8 @@ def test_a_request_may_choose_its_router_mode(smollm2_folder: Path) -> None:
         error = caught.value.body
         assert isinstance(error, dict) and error["param"] == "router_mode"
         assert error["message"] == (
-            "'router_mode' has value 'sticky'; use one of kv, least-loaded, round-robin, "
-            "random, or leave it out for the server's default"
+            "'router_mode' has value 'sticky'; use one of kv, approximate, least-loaded, "
+            "round-robin, random, or leave it out for the server's default"
         )
         bad_limit = await stack.http.get("/v1/routing/decisions", params={"limit": "0"})
         assert bad_limit.status_code == 400

@@ -1,0 +1,137 @@
+"""A Mooncake-format request trace, and the token-id prompts it stands for.
+
+One JSON object a line (``../shared/traces/README.md``): ``timestamp`` (arrival, ms),
+``input_length`` and ``output_length`` (tokens), ``hash_ids`` (the prompt's blocks of
+``TRACE_BLOCK_TOKENS`` tokens; two requests sharing a hash id share those tokens and,
+the ids being chained, everything before them).
+
+Design decisions:
+
+- A prompt is built from its hash ids alone: block ``h`` is ``TRACE_BLOCK_TOKENS`` token
+  ids drawn from ``random.Random((salt, h))``, so equal ids give equal tokens in every
+  request and every run, and unequal ids (almost surely) differ in their first token.
+  The last block is cut to what ``input_length`` leaves. A ``salt`` gives each measured
+  phase its own tokens (the same structure, no hits on another phase's cache).
+- Token ids avoid the tokenizer's low ids (special tokens live there) and stay below the
+  smallest vocabulary of the engines compared (SmolLM2's 49,152).
+- The share of prompt blocks the trace itself can reuse (``reusable_block_share``) is
+  what a single infinite prefix cache would hit: per request, its leading hash ids seen
+  in an earlier request of the slice, over all its hash ids. No router can beat it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+TRACE_BLOCK_TOKENS = 512
+TOKEN_RANGE = (1_000, 48_000)  # inside SmolLM2's vocabulary, past its special tokens
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    """One line of the trace."""
+
+    timestamp_ms: float
+    input_length: int
+    output_length: int
+    hash_ids: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        limit = TRACE_BLOCK_TOKENS * len(self.hash_ids)
+        if not 0 < self.input_length <= limit:
+            raise ValueError(
+                f"TraceRequest input_length has value {self.input_length!r}; expected "
+                f"1..{limit} (512 x {len(self.hash_ids)} hash ids)"
+            )
+        if self.output_length < 1:
+            raise ValueError(
+                f"TraceRequest output_length has value {self.output_length!r}; expected >= 1"
+            )
+
+
+def load_trace(path: Path) -> list[TraceRequest]:
+    """Every request of a JSONL trace, in file order."""
+    requests = []
+    with path.open() as lines:
+        for line in lines:
+            if line.strip():
+                row = json.loads(line)
+                requests.append(
+                    TraceRequest(
+                        float(row["timestamp"]),
+                        int(row["input_length"]),
+                        int(row["output_length"]),
+                        tuple(int(h) for h in row["hash_ids"]),
+                    )
+                )
+    return requests
+
+
+def parse_slice(text: str) -> slice:
+    """``START:STOP`` (either may be empty) as a slice of the trace's requests."""
+    start, sep, stop = text.partition(":")
+    if not sep:
+        raise ValueError(f"--slice has value {text!r}; expected START:STOP, e.g. 3000:3200")
+    return slice(int(start) if start else None, int(stop) if stop else None)
+
+
+def block_tokens(hash_id: int, salt: int = 0) -> list[int]:
+    """The ``TRACE_BLOCK_TOKENS`` token ids of block ``hash_id``."""
+    rng = random.Random(f"{salt}:{hash_id}")
+    low, high = TOKEN_RANGE
+    return [rng.randrange(low, high) for _ in range(TRACE_BLOCK_TOKENS)]
+
+
+class PromptBuilder:
+    """Token-id prompts of trace requests; each block's tokens are made once."""
+
+    def __init__(self, salt: int = 0) -> None:
+        self.salt = salt
+        self._blocks: dict[int, list[int]] = {}
+
+    def prompt(self, request: TraceRequest) -> list[int]:
+        """``request.input_length`` token ids, block by block from its hash ids."""
+        tokens: list[int] = []
+        for hash_id in request.hash_ids:
+            block = self._blocks.get(hash_id)
+            if block is None:
+                block = self._blocks[hash_id] = block_tokens(hash_id, self.salt)
+            tokens.extend(block)
+        return tokens[: request.input_length]
+
+
+def reusable_block_share(requests: Sequence[TraceRequest]) -> float:
+    """Of all prompt blocks of ``requests``, the share an infinite prefix cache would hit."""
+    seen: set[int] = set()
+    total = reusable = 0
+    for request in requests:
+        for hash_id in request.hash_ids:
+            if hash_id not in seen:
+                break
+            reusable += 1
+        total += len(request.hash_ids)
+        seen.update(request.hash_ids)
+    return reusable / total if total else 0.0
+
+
+def reusable_token_share(requests: Sequence[TraceRequest], engine_block: int) -> float:
+    """``reusable_block_share`` in prompt tokens an engine with ``engine_block``-token
+    blocks can take from its cache: only its full blocks count, and never the last
+    token (an engine must compute at least one token of the prompt)."""
+    seen: set[int] = set()
+    total = reusable = 0
+    for request in requests:
+        leading = 0
+        for hash_id in request.hash_ids:
+            if hash_id not in seen:
+                break
+            leading += 1
+        tokens = min(leading * TRACE_BLOCK_TOKENS, request.input_length - 1)
+        reusable += tokens // engine_block * engine_block
+        total += request.input_length
+        seen.update(request.hash_ids)
+    return reusable / total if total else 0.0

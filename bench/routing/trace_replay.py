@@ -1,0 +1,364 @@
+"""Replays a Mooncake-format trace against dynask's router and NVIDIA Dynamo's, in one run.
+
+The same slice of the trace (``--slice``), at the trace's own arrival times scaled by
+``--speedup``, goes to each target in turn (``--targets``):
+
+* ``dynask:MODE`` (MODE: kv, approximate, round-robin, random, least-loaded): one
+  ``bench.routing.server`` process, ``--actors`` mocker actors on ``--workers`` Dask
+  worker processes, the mode chosen per request (``router_mode``). Each dynask phase gets
+  its own prompt tokens (``PromptBuilder(salt)``), so none hits another's cache.
+* ``dynamo:MODE`` (kv, approximate = kv with ``--no-router-kv-events``, round-robin,
+  random): Dynamo 1.6.1's frontend with that ``--router-mode`` and one mocker process
+  with ``--num-workers`` = ``--actors``, from the peer install (``../shared/peers/dynamo``),
+  started fresh per mode.
+
+Mocker timing, matched (``matched_timing``): both sides run at speed-up 1 with the same
+block size (``--block-size``, default 64 = Dynamo's vLLM mocker default), 16,384 KV blocks
+per engine, 256 sequences and 8,192 batched tokens per step, chunked prefill and prefix
+caching; dynask's mocker is given Dynamo's own timing fit (measured on this machine, see
+``../shared/peers/dynamo/README.md``): prefill 4.2e-7·T² + 0.0152·T + 16.5 ms per step
+of T uncached tokens, decode 5.7 ms per step plus 0.01 ms per KV block read.
+
+Reported per target: TTFT mean/p50/p90/p99, ITL, E2E, requests/s, the KV hit rate the
+engines report, and the trace's own reusable share (``trace.reusable_token_share``): the
+hit rate an infinite cache would reach. Ratios are against Dynamo's kv on the same slice.
+
+    .venv/bin/python -m bench.routing.trace_replay --slice 3000:3200 --speedup 8
+    .venv/bin/python -m bench.routing.trace_replay --targets dynask:kv,dynamo:kv --slice 0:50
+
+Prints a table; writes JSON and a PNG to ``bench/results/trace_replay.json`` (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.common.plots import plot
+from bench.common.processes import free_port, spawned, wait_until_ready
+from bench.common.report import code_version, machine_facts, write_json
+from bench.routing.trace import (
+    PromptBuilder,
+    TraceRequest,
+    load_trace,
+    parse_slice,
+    reusable_block_share,
+    reusable_token_share,
+)
+from bench.routing.trace_client import replay, summarize
+
+REPO = Path(__file__).resolve().parents[2]
+PYTHON = REPO / ".venv" / "bin" / "python"
+TRACE = REPO.parent.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
+DYNAMO_SCRIPTS = REPO.parent.parent / "shared" / "peers" / "dynamo"
+DYNAMO_HOME = Path(os.environ.get("PEER_DYNAMO_DIR", Path.home() / ".peer_dynamo"))
+RESULTS = REPO / "bench" / "results"
+DYNASK_MODEL = "bench"  # bench.routing.server.MODEL
+DYNAMO_MODEL = "smollm2"
+READY_TIMEOUT_S = 600.0
+DYNASK_MODES = ("kv", "approximate", "round-robin", "random", "least-loaded")
+DYNAMO_MODES = ("kv", "approximate", "round-robin", "random")
+DEFAULT_TARGETS = "dynask:kv,dynask:approximate,dynask:round-robin,dynamo:kv,dynamo:round-robin"
+
+
+def matched_timing(block_size: int) -> dict[str, Any]:
+    """dynask mocker arguments that reproduce Dynamo's mocker at speed-up 1."""
+    return {
+        "block_size": block_size,
+        "num_kv_blocks": 16384,
+        "max_num_seqs": 256,
+        "max_num_batched_tokens": 8192,
+        "prefill_ms_base": 16.5,
+        "prefill_ms_per_token": 0.0152,
+        "prefill_quadratic_ms": 4.2e-7,
+        "decode_ms_base": 5.7,
+        "decode_ms_per_active_block": 0.01,
+        "speedup_ratio": 1.0,
+    }
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trace", type=Path, default=TRACE)
+    parser.add_argument("--slice", default="3000:3200", help="START:STOP of the trace's requests")
+    parser.add_argument("--speedup", type=float, default=8.0, help="arrival times divided by this")
+    parser.add_argument("--targets", default=DEFAULT_TARGETS, help="SYSTEM:MODE,...")
+    parser.add_argument("--actors", type=int, default=8, help="mocker engines per system")
+    parser.add_argument("--workers", type=int, default=2, help="dynask's Dask worker processes")
+    parser.add_argument("--block-size", type=int, default=64, help="KV block tokens, both sides")
+    parser.add_argument("--kv-overlap-weight", help="dynask's w (default: the product's)")
+    parser.add_argument("--kv-decode-weight", help="dynask's decode weight (default: product's)")
+    parser.add_argument("--out", type=Path, default=RESULTS / "trace_replay.json")
+    args = parser.parse_args(argv)
+    args.target_list = [_parse_target(t) for t in args.targets.split(",") if t]
+    return args
+
+
+def _parse_target(text: str) -> tuple[str, str]:
+    system, _, mode = text.partition(":")
+    modes = {"dynask": DYNASK_MODES, "dynamo": DYNAMO_MODES}.get(system)
+    if modes is None or mode not in modes:
+        raise SystemExit(
+            f"--targets entry {text!r}: expected dynask:{{{','.join(DYNASK_MODES)}}} or "
+            f"dynamo:{{{','.join(DYNAMO_MODES)}}}"
+        )
+    return system, mode
+
+
+# ---- the systems ---------------------------------------------------------------------------
+
+
+@contextmanager
+def dynask_server(args: argparse.Namespace, workdir: Path) -> Iterator[str]:
+    port = free_port()
+    argv = [
+        str(PYTHON),
+        *("-m", "bench.routing.server", "--engine", "mocker"),
+        *("--engine-args", json.dumps(matched_timing(args.block_size))),
+        *("--actors", str(args.actors), "--workers", str(args.workers), "--port", str(port)),
+    ]
+    for flag_name, value in (
+        ("--kv-overlap-weight", args.kv_overlap_weight),
+        ("--kv-decode-weight", args.kv_decode_weight),
+    ):
+        if value is not None:
+            argv += [flag_name, value]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with spawned("dynask-server", argv, workdir, env) as server:
+        base_url = f"http://127.0.0.1:{port}"
+        wait_until_ready(f"{base_url}/health", '"ready"', READY_TIMEOUT_S, [server])
+        yield base_url
+
+
+def dynamo_model_dir(workdir: Path) -> Path:
+    """The peer's SmolLM2 tokenizer folder with a context long enough for the trace."""
+    source = DYNAMO_HOME / "smollm2-tok"
+    if not (source / "tokenizer.json").exists():
+        raise SystemExit(f"{source} is missing: run {DYNAMO_SCRIPTS / 'dynamo.sh'} setup")
+    target = workdir / "smollm2-tok-long"
+    if not target.exists():
+        shutil.copytree(source, target)
+        config = json.loads((target / "config.json").read_text())
+        config["max_position_embeddings"] = 262144
+        (target / "config.json").write_text(json.dumps(config, indent=2))
+    return target
+
+
+@contextmanager
+def dynamo_stack(args: argparse.Namespace, mode: str, workdir: Path) -> Iterator[str]:
+    """Dynamo's frontend (``mode``) and one mocker process of ``--actors`` workers."""
+    port = free_port()
+    kv_dir = workdir / f"kvstore-{mode}"
+    shutil.rmtree(kv_dir, ignore_errors=True)
+    kv_dir.mkdir(parents=True)
+    router = "kv --no-router-kv-events" if mode == "approximate" else mode
+    frontend = (
+        f"-m dynamo.frontend --http-host 127.0.0.1 --http-port {port} "
+        f"--router-mode {router} --kv-cache-block-size {args.block_size}"
+    )
+    mocker = (
+        f"-m dynamo.mocker --model-path {dynamo_model_dir(workdir)} --model-name {DYNAMO_MODEL} "
+        f"--num-workers {args.actors} --block-size {args.block_size} --speedup-ratio 1 "
+        "--num-gpu-blocks-override 16384 --max-num-seqs 256 --max-num-batched-tokens 8192"
+    )
+    python = DYNAMO_HOME / "venv" / "bin" / "python"
+    with ExitStack() as stack:
+        started = []
+        for name, module_args in (("frontend", frontend), ("mocker", mocker)):
+            script = (
+                f'. "{DYNAMO_SCRIPTS / "env.sh"}" && export DYN_FILE_KV="{kv_dir}" && '
+                f'exec "{python}" {module_args}'
+            )
+            argv = ["bash", "-c", script]
+            started.append(stack.enter_context(spawned(f"dynamo-{name}-{mode}", argv, workdir)))
+        base_url = f"http://127.0.0.1:{port}"
+        wait_until_ready(f"{base_url}/v1/models", DYNAMO_MODEL, READY_TIMEOUT_S, started)
+        time.sleep(5.0)  # the model is listed once one worker registered; let all of them
+        yield base_url
+
+
+# ---- one run -----------------------------------------------------------------------------
+
+
+async def warm_up(base_url: str, model: str, extra: dict[str, Any], count: int) -> None:
+    """Short requests of their own tokens, so first-call costs stay out of the phase."""
+    warm = [TraceRequest(i * 10.0, 300, 2, (10_000_000 + i,)) for i in range(count)]
+    _, results = await replay(
+        base_url, model, warm, speedup=1.0, builder=PromptBuilder(salt=-1), extra_body=extra
+    )
+    failed = [r.record.failure(2) for r in results if not r.ok]
+    if failed:
+        raise RuntimeError(f"warm-up against {base_url} failed: {failed[0]}")
+
+
+def run_phase(
+    base_url: str,
+    model: str,
+    requests: list[Any],
+    args: argparse.Namespace,
+    salt: int,
+    extra: dict[str, Any],
+) -> dict[str, Any]:
+    asyncio.run(warm_up(base_url, model, extra, args.actors))
+    wall, results = asyncio.run(
+        replay(
+            base_url,
+            model,
+            requests,
+            speedup=args.speedup,
+            builder=PromptBuilder(salt),
+            extra_body=extra,
+        )
+    )
+    return summarize(wall, results)
+
+
+def run_all(args: argparse.Namespace, requests: list[Any], workdir: Path) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    dynask_modes = [mode for system, mode in args.target_list if system == "dynask"]
+    dynamo_modes = [mode for system, mode in args.target_list if system == "dynamo"]
+    if dynask_modes:
+        with dynask_server(args, workdir) as base_url:
+            for index, mode in enumerate(dynask_modes):
+                row = run_phase(
+                    base_url, DYNASK_MODEL, requests, args, index + 1, {"router_mode": mode}
+                )
+                row["routing"] = routing_summary(base_url, len(requests))
+                rows.append({"system": "dynask", "mode": mode, **row})
+                print(format_row(rows[-1]), file=sys.stderr)
+    for mode in dynamo_modes:
+        with dynamo_stack(args, mode, workdir) as base_url:
+            row = run_phase(base_url, DYNAMO_MODEL, requests, args, 100, {})
+            rows.append({"system": "dynamo", "mode": mode, **row})
+            print(format_row(rows[-1]), file=sys.stderr)
+    return rows
+
+
+def routing_summary(base_url: str, count: int) -> dict[str, Any]:
+    """From dynask's decision log: requests per actor, and the winners' mean overlap."""
+    response = httpx.get(f"{base_url}/v1/routing/decisions", params={"limit": count}, timeout=30.0)
+    response.raise_for_status()
+    body = response.json()
+    decisions = body["data"] if isinstance(body, dict) else body
+    winners: dict[str, int] = {}
+    overlap = prompt = 0
+    for decision in decisions:
+        winners[decision["winner"]] = winners.get(decision["winner"], 0) + 1
+        won = next(c for c in decision["candidates"] if c["actor"] == decision["winner"])
+        overlap += won["overlap_blocks"]
+        prompt += decision["prompt_blocks"]
+    return {
+        "requests_per_actor": dict(sorted(winners.items())),
+        "winner_overlap_share": overlap / prompt if prompt else None,
+        "mean_compute_us": sum(d["compute_us"] for d in decisions) / max(1, len(decisions)),
+    }
+
+
+# ---- report --------------------------------------------------------------------------------
+
+HEADER = (
+    f"{'target':<20} {'ok':>4} {'req/s':>6} {'TTFT avg':>9} {'p50':>8} {'p90':>8} {'p99':>8} "
+    f"{'ITL p50':>8} {'E2E p50':>8} {'hit':>6} {'lag max':>8}"
+)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def format_row(row: dict[str, Any]) -> str:
+    ttft, hit = row["ttft_ms"], row["kv_hit_rate"]
+    return (
+        f"{row['system'] + ':' + row['mode']:<20} {row['requests_ok']:>4} "
+        f"{row['req_per_s'] or 0:>6.2f} {_ms(ttft['mean']):>9} {_ms(ttft['p50']):>8} "
+        f"{_ms(ttft['p90']):>8} {_ms(ttft['p99']):>8} {_ms(row['itl_ms']['p50']):>8} "
+        f"{_ms(row['e2e_ms']['p50']):>8} {'-' if hit is None else f'{hit:.3f}':>6} "
+        f"{_ms(row['send_lag_ms']['max']):>8}"
+    )
+
+
+def ratios(rows: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """Each target's TTFT mean and p99 over Dynamo kv's (below 1: faster than Dynamo kv)."""
+    base = next((r for r in rows if r["system"] == "dynamo" and r["mode"] == "kv"), None)
+    if base is None:
+        return {}
+    out = {}
+    for row in rows:
+        out[f"{row['system']}:{row['mode']}"] = {
+            stat: (row["ttft_ms"][stat] / base["ttft_ms"][stat])
+            if row["ttft_ms"][stat] and base["ttft_ms"][stat]
+            else None
+            for stat in ("mean", "p99")
+        }
+    return out
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    requests = load_trace(args.trace)[parse_slice(args.slice)]
+    if not requests:
+        raise SystemExit(f"--slice {args.slice} of {args.trace} holds no request")
+    load_start = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="trace-replay-") as tmp:
+        try:
+            rows = run_all(args, requests, Path(tmp))
+        except BaseException:
+            logs = Path(tempfile.gettempdir()) / "trace_replay_logs"  # kept for a failed run
+            with contextlib.suppress(OSError):
+                shutil.copytree(tmp, logs, dirs_exist_ok=True, ignore=_not_logs)
+            print(f"the processes' logs are in {logs}", file=sys.stderr)
+            raise
+    share = {
+        "blocks_512": reusable_block_share(requests),
+        "tokens_engine_blocks": reusable_token_share(requests, args.block_size),
+    }
+    print(HEADER)
+    for row in rows:
+        print(format_row(row))
+        hit = row["kv_hit_rate"]
+        row["hit_rate_of_reusable"] = hit / share["tokens_engine_blocks"] if hit else None
+    ttft_ratios = ratios(rows)
+    print(f"trace reusable share: {share}; TTFT / dynamo:kv: {json.dumps(ttft_ratios)}")
+    document = {
+        "benchmark": "bench.routing.trace_replay",
+        "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
+        "trace": str(args.trace),
+        "slice": args.slice,
+        "speedup": args.speedup,
+        "actors": args.actors,
+        "block_size": args.block_size,
+        "matched_timing": matched_timing(args.block_size),
+        "dynask_weights": {"overlap": args.kv_overlap_weight, "decode": args.kv_decode_weight},
+        "reusable_share": share,
+        "trace_rows": rows,
+        "ttft_over_dynamo_kv": ttft_ratios,
+        "code": code_version(REPO),
+        "machine": machine_facts(load_start),
+    }
+    write_json(args.out, document)
+    print(f"wrote {args.out} and {plot(args.out)}")
+    return 0
+
+
+def _not_logs(folder: str, names: list[str]) -> list[str]:
+    return [n for n in names if not n.endswith(".log") and not Path(folder, n).is_dir()] + [
+        n for n in names if n.startswith(("smollm2-tok", "kvstore"))
+    ]
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

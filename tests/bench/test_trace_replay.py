@@ -1,0 +1,124 @@
+"""bench/routing/trace_replay's trace, prompts and client: exact prompts and shares, and a
+replay against a real control plane (mocker actors on an in-process Dask cluster, the
+OpenAI API under uvicorn) whose engines report the prefix hits the hash ids promise."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.routing.trace import (
+    TRACE_BLOCK_TOKENS,
+    PromptBuilder,
+    TraceRequest,
+    block_tokens,
+    load_trace,
+    parse_slice,
+    reusable_block_share,
+    reusable_token_share,
+)
+from bench.routing.trace_client import arrival_offsets, replay, summarize
+from tests.control_plane.routing_stack import MODEL, cluster_with_actors, serving_stack
+
+
+def _request(at_ms: float, length: int, hash_ids: tuple[int, ...], out: int = 2) -> TraceRequest:
+    return TraceRequest(at_ms, length, out, hash_ids)
+
+
+def test_equal_hash_ids_give_equal_tokens_and_the_last_block_is_cut() -> None:
+    builder = PromptBuilder()
+    first = builder.prompt(_request(0, 1024, (7, 8)))
+    second = builder.prompt(_request(0, 1100, (7, 8, 9)))
+    other = PromptBuilder().prompt(_request(0, 1024, (7, 8)))  # a fresh builder, same tokens
+
+    assert (len(first), len(second)) == (1024, 1100)
+    assert second[:1024] == first == other
+    assert second[1024:] == block_tokens(9)[:76]
+    assert block_tokens(7) != block_tokens(8)
+    assert PromptBuilder(salt=1).prompt(_request(0, 1024, (7, 8))) != first
+    assert all(1_000 <= t < 48_000 for t in second)
+
+
+def test_the_reusable_share_counts_leading_blocks_seen_before() -> None:
+    trace = [
+        _request(0, 1024, (1, 2)),
+        _request(10, 1536, (1, 2, 3)),  # 2 of 3 blocks seen
+        _request(20, 1024, (4, 2)),  # 2 seen, but not as a prefix: 0
+        _request(30, 600, (1, 5)),  # 1 of 2
+    ]
+
+    assert reusable_block_share(trace) == 3 / 9
+    # In tokens of 64-token engine blocks: 1024 + 512 cached of 1024+1536+1024+600 tokens.
+    assert reusable_token_share(trace, 64) == (1024 + 512) / 4184
+    # 300-token blocks: floor(1024/300)*300 = 900, floor(512/300)*300 = 300.
+    assert reusable_token_share(trace, 300) == (900 + 300) / 4184
+    # A prompt that is all cached still computes its last token.
+    assert reusable_token_share([_request(0, 512, (1,)), _request(1, 512, (1,))], 64) == (
+        448 / 1024
+    )
+
+
+def test_arrivals_are_the_trace_times_over_the_speedup(tmp_path: Path) -> None:
+    path = tmp_path / "trace.jsonl"
+    rows = [
+        {"timestamp": 1000, "input_length": 10, "output_length": 3, "hash_ids": [0]},
+        {"timestamp": 1500, "input_length": 600, "output_length": 1, "hash_ids": [0, 1]},
+        {"timestamp": 4000, "input_length": 5, "output_length": 2, "hash_ids": [2]},
+    ]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows) + "\n")
+
+    trace = load_trace(path)
+
+    assert trace[1] == TraceRequest(1500.0, 600, 1, (0, 1))
+    assert arrival_offsets(trace, 2.0) == [0.0, 0.25, 1.5]
+    assert trace[parse_slice("1:")] == trace[1:] and trace[parse_slice(":1")] == trace[:1]
+    with pytest.raises(ValueError, match="expected START:STOP"):
+        parse_slice("3")
+    with pytest.raises(ValueError, match="expected a number > 0"):
+        arrival_offsets(trace, 0)
+    with pytest.raises(ValueError, match=r"input_length has value 1025; expected 1..1024"):
+        TraceRequest(0, 1025, 1, (1, 2))
+
+
+@pytest.mark.slow
+def test_a_replay_hits_the_prefixes_its_hash_ids_share(smollm2_folder: Path) -> None:
+    trace = [
+        _request(0, 1024, (1, 2), out=3),
+        # Seconds apart, so each request has ended before the next one is due (a loaded
+        # machine must not turn a prefix hit into a miss of a still-running prefill).
+        _request(3000, 1500, (1, 2, 3), out=2),  # its first 2 blocks: 1024 cached tokens
+        _request(6000, 700, (4, 5), out=4),  # nothing shared
+        _request(9000, 1500, (1, 2, 3), out=2),  # all of it but the last partial block
+    ]
+
+    async def main() -> None:
+        async with (
+            cluster_with_actors(smollm2_folder, 2) as proxies,
+            serving_stack(proxies) as stack,
+        ):
+            base_url = str(stack.http.base_url).rstrip("/")
+            return await replay(base_url, MODEL, trace, speedup=2.0, builder=PromptBuilder())
+
+    wall, results = asyncio.run(main())
+
+    assert [r.ok for r in results] == [True] * 4
+    assert [r.scheduled_s for r in results] == [0.0, 1.5, 3.0, 4.5]
+    assert all(0 <= r.send_lag_s < 1.0 for r in results)  # a bound, not a benchmark
+    assert [r.record.completion_tokens for r in results] == [3, 2, 4, 2]
+    assert [r.record.prompt_tokens for r in results] == [1024, 1500, 700, 1500]
+    # mocker blocks of 16 tokens: a full cached trace block is 32 of them; the prompt's
+    # last token is always computed (1488 = 93 blocks of the 1500-token prompt).
+    assert [r.record.cached_tokens for r in results] == [0, 1024, 0, 1488]
+    summary = summarize(wall, results)
+    assert summary["kv_hit_rate"] == (1024 + 1488) / (1024 + 1500 + 700 + 1500)
+    assert summary["requests_ok"] == 4 and summary["failures"] == {}
+    assert [row[:2] for row in summary["per_request"]] == [
+        [1024, 0],
+        [1500, 1024],
+        [700, 0],
+        [1500, 1488],
+    ]
+    assert TRACE_BLOCK_TOKENS == 512

@@ -1,0 +1,115 @@
+"""What one model's routing assumes from where it sent prompts: predicted blocks in mode
+``kv`` (routed, KV events not in yet) and mode ``approximate`` (no events read at all).
+
+``ModelRouting.choose`` is called directly, on handles of actors whose engines report KV
+events but whose events never arrive here (no actor runs): exactly the window between a
+decision and its events. The router's load terms stay 0 (no request is admitted)."""
+
+from __future__ import annotations
+
+from dynask.actors.api.actor_info import ActorInfo
+from dynask.control_plane.routing.model_routing import ModelRouting, RoutingOptions
+from dynask.control_plane.serving.actor_handle import ActorHandle
+from dynask.control_plane.serving.metrics import ServingMetrics
+from dynask.kv.prefix_index import TierOverlap
+from tests.control_plane.routing_stack import tokens
+
+NAMES = ("a0", "a1", "a2")
+
+
+def _handles(kv_events: bool = True) -> list[ActorHandle]:
+    return [
+        ActorHandle(
+            name=name,
+            deployment="d",
+            proxy=None,  # never called: choose reads only names, info and load
+            info=ActorInfo(
+                name=name,
+                stream_address="127.0.0.1:1",
+                max_model_len=4096,
+                engine="mocker",
+                model=None,
+                worker="local",
+                kv_events=kv_events,
+                kv_block_size=16,
+            ),
+        )
+        for name in NAMES
+    ]
+
+
+def _overlaps(route_scores: tuple) -> dict[str, int]:
+    return {score.actor: score.overlap_blocks for score in route_scores}
+
+
+def test_a_prefix_routed_before_its_events_counts_on_its_actor() -> None:
+    routing = ModelRouting("m", RoutingOptions(seed=1), ServingMetrics())
+    handles = _handles()
+    prefix = tokens(seed=1, blocks=10)
+
+    first = routing.choose("r1", prefix, handles)
+    second = routing.choose("r2", prefix + tokens(seed=2, blocks=2), handles)
+
+    holder = first.actor.name
+    assert _overlaps(first.decision.scores) == dict.fromkeys(NAMES, 0)
+    assert _overlaps(second.decision.scores) == {n: 10 if n == holder else 0 for n in NAMES}
+    assert second.actor.name == holder and second.expected_cached_tokens == 160
+    assert routing.prefix.find_matches(routing.local_hashes(prefix)) == {}  # no event came
+    assert routing.find_tiered_matches(routing.local_hashes(prefix)) == {holder: TierOverlap(10)}
+
+
+def test_predicted_blocks_expire_and_can_be_turned_off() -> None:
+    clock = [0.0]
+    routing = ModelRouting("m", RoutingOptions(seed=1, predicted_ttl_s=5), ServingMetrics())
+    assert routing.predicted is not None
+    routing.predicted._clock = lambda: clock[0]  # the test's clock (ApproxIndex's seam)
+    handles = _handles()
+    prefix = tokens(seed=3, blocks=4)
+    holder = routing.choose("r1", prefix, handles).actor.name
+
+    clock[0] = 4.9
+    assert routing.find_matches(routing.local_hashes(prefix)) == {holder: 4}
+    clock[0] = 5.0
+    assert routing.find_matches(routing.local_hashes(prefix)) == {}
+
+    off = ModelRouting("m", RoutingOptions(seed=1, predicted_ttl_s=0), ServingMetrics())
+    off.choose("r1", prefix, handles)
+    assert off.predicted is None
+    assert _overlaps(off.choose("r2", prefix, handles).decision.scores) == dict.fromkeys(NAMES, 0)
+
+
+def test_approximate_mode_routes_event_actors_from_the_routed_prompts_only() -> None:
+    routing = ModelRouting(
+        "m", RoutingOptions(mode="approximate", seed=1, approx_capacity_blocks=6), ServingMetrics()
+    )
+    handles = _handles(kv_events=True)
+    a, b = tokens(seed=4, blocks=5), tokens(seed=5, blocks=3)
+
+    first = routing.choose("r1", a, handles)
+    again = routing.choose("r2", a, handles)
+    holder = first.actor.name
+    assert again.actor.name == holder
+    assert _overlaps(again.decision.scores) == {n: 5 if n == holder else 0 for n in NAMES}
+    assert routing.predicted is not None and routing.predicted.num_blocks(holder) == 0
+
+    other = routing.choose("r3", b, handles).actor.name  # shares nothing: any actor
+    assumed = {n: routing.approx.num_blocks(n) for n in NAMES}
+    assert assumed == {n: (5 if n == holder else 0) + (3 if n == other else 0) for n in NAMES}
+    # kv mode on the same routing reads the events (none came) and its own predictions.
+    kv = routing.choose("r4", a, handles, mode="kv")
+    assert _overlaps(kv.decision.scores) == dict.fromkeys(NAMES, 0)
+
+
+def test_the_approximate_capacity_forgets_least_recent_blocks_per_actor() -> None:
+    routing = ModelRouting(
+        "m", RoutingOptions(mode="approximate", seed=1, approx_capacity_blocks=6), ServingMetrics()
+    )
+    [only] = _handles()[:1]
+    a, b = tokens(seed=6, blocks=4), tokens(seed=7, blocks=4)
+
+    routing.choose("r1", a, [only])
+    routing.choose("r2", b, [only])  # 8 blocks on a 6-block budget: a's last 2 go
+
+    hashes = routing.local_hashes
+    assert routing.find_tiered_matches(hashes(a), approximate=True) == {"a0": TierOverlap(2)}
+    assert routing.find_tiered_matches(hashes(b), approximate=True) == {"a0": TierOverlap(4)}

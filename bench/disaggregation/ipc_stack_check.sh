@@ -29,4 +29,4 @@ for n in (300, 1000):
 PY
 curl -s localhost:18990/metrics | grep dynask_disagg | grep -v '^#'
 kill $server; sleep 2
-grep -E -A4 "remote prefill|Traceback|Error" /tmp/ipc-check/run.log | head -60 | tee "$OUT/ipc-check.log"
+grep -E -B3 -A30 "Traceback|the copy failed" /tmp/ipc-check/run.log | head -150 | tee "$OUT/ipc-check.log"

@@ -21,6 +21,7 @@ Design decisions:
 from __future__ import annotations
 
 import dataclasses
+import threading
 import types
 import typing
 from dataclasses import dataclass, field
@@ -36,6 +37,9 @@ from dynask.actors.engine.config import EngineConfig
 from dynask.actors.engine.engine import LLMEngine
 from dynask.actors.engine.loader import load_tokenizer, resolve_model
 
+# Engines built at once in one worker (several actors) race in transformers' lazy imports
+# ("cannot import name 'AutoTokenizer'"), as out=vllm found; tokenizers load one at a time.
+_LOADING = threading.Lock()
 KINDS = ("torch", "vllm", "echo", "mocker", "python", "openai")
 ENGINE_FORMS = "torch, vllm, echo, mocker, python:FILE.py, openai:URL"
 
@@ -187,4 +191,5 @@ def build_engine(spec: EngineSpec) -> Engine:
 
 
 def _tokenizer(model: str | None) -> Any:
-    return load_tokenizer(resolve_model(model).folder)
+    with _LOADING:
+        return load_tokenizer(resolve_model(model).folder)

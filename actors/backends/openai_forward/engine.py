@@ -280,10 +280,10 @@ class OpenAIForwardEngine:
                     ended = _FINISH_REASONS.get(chunk.finish_reason)
                     if ended is None:  # vLLM's "abort", or a reason we do not know
                         raise UpstreamError(f"the server ended the request: {chunk.finish_reason}")
-                if progress.finished and ended is None:
-                    break  # ended here first (stop string, max_tokens): closing aborts it there
-                if ended is not None:
-                    pending = step  # the end waits for the usage event
+                if progress.finished or ended is not None:
+                    pending = step  # the final delta carries them
+                    if ended is None:
+                        break  # ended here first (a stop string): closing aborts it there
                 elif step[0] or step[1] or chunk.text:
                     self._publish_step(progress, step)
         if not progress.finished:

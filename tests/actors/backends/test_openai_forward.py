@@ -80,7 +80,8 @@ def test_deployment_keeps_the_url_where_python_keeps_its_file() -> None:
         ({"kind": "openai"}, "out=openai needs the server's address: write openai:URL"),
         (
             {"kind": "echo", "url": "http://x:1"},
-            "EngineSpec 'url' has value 'http://x:1', but only out=openai takes a URL, not out=echo",
+            "EngineSpec 'url' has value 'http://x:1', but only out=openai takes a URL, "
+            "not out=echo",
         ),
         (
             {"kind": "openai", "url": "http://x:1", "engine_args": {"dtype": "float32"}},

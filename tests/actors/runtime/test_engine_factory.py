@@ -38,16 +38,19 @@ def test_parse_engine_accepts_the_valid_forms(text: str, parsed: tuple[str, str 
     [
         (
             "sglang",
-            "engine 'sglang' is not known; valid: torch, vllm, echo, mocker, python:FILE.py",
+            "engine 'sglang' is not known; valid: torch, vllm, echo, mocker, python:FILE.py, "
+            "openai:URL",
         ),
         (
             "echo:x.py",
-            "engine 'echo:x.py' is not known; valid: torch, vllm, echo, mocker, python:FILE.py",
+            "engine 'echo:x.py' is not known; valid: torch, vllm, echo, mocker, python:FILE.py, "
+            "openai:URL",
         ),
         (
             "python",
             "engine 'python' names no file; write python:FILE.py "
-            "(valid: torch, vllm, echo, mocker, python:FILE.py)",
+            "(valid: torch, vllm, echo, mocker, python:FILE.py, "
+            "openai:URL)",
         ),
         ("python:", "engine 'python:' names no file; write python:FILE.py"),
     ],

@@ -38,7 +38,7 @@ def _kinds(repo: Repository) -> list[tuple[str, str, str]]:
         (
             {"engine": "tgi"},
             "Deployment 'engine' has value 'tgi'; expected one of torch, vllm, mocker, "
-            "echo, python",
+            "echo, python, openai",
         ),
         (
             {"role": "both"},

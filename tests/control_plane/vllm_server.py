@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.control_plane.server_process import free_port, start, wait_healthy
+from tests.control_plane.server_process import start, wait_healthy
 
 BLOCK_SIZE = 32
 START_TIMEOUT_S = 600.0
@@ -49,9 +50,20 @@ class VLLMServer:
         return sum(values)
 
 
-def launch(model_folder: Path, log: Path) -> VLLMServer:
-    """Starts a server (not yet ready: ``wait_ready``)."""
-    port, kv_port = free_port(), free_port()
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports (held open together, so none is handed out twice)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def launch(model_folder: Path, log: Path, port: int, kv_port: int) -> VLLMServer:
+    """Starts a server on ``port`` (not yet ready: ``wait_ready``)."""
     kv_config = {
         "enable_kv_cache_events": True,
         "publisher": "zmq",
@@ -96,7 +108,11 @@ def wait_ready(server: VLLMServer) -> None:
 @contextmanager
 def vllm_servers(model_folder: Path, folder: Path, count: int) -> Iterator[list[VLLMServer]]:
     """``count`` servers of the model, started at once; all killed afterwards."""
-    servers = [launch(model_folder, folder / f"vllm-{i}.log") for i in range(count)]
+    ports = free_ports(2 * count)
+    servers = [
+        launch(model_folder, folder / f"vllm-{i}.log", ports[2 * i], ports[2 * i + 1])
+        for i in range(count)
+    ]
     try:
         for server in servers:
             wait_ready(server)

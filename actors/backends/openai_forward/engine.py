@@ -29,9 +29,7 @@ Design decisions:
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import os
 import threading
 import uuid
 from collections.abc import Callable
@@ -45,7 +43,6 @@ from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.api.stats import EngineStats
 from dynask.actors.api.streams import RequestStream
 from dynask.actors.backends.backend_kit import (
-    DEFAULT_MAX_MODEL_LEN,
     OutputFanout,
     OutputListener,
     RequestProgress,
@@ -55,7 +52,10 @@ from dynask.actors.backends.openai_forward.args import ForwardArgs, api_base
 from dynask.actors.backends.openai_forward.upstream import (
     UpstreamInfo,
     UpstreamUnavailableError,
+    auth_headers,
     check_tokenizer,
+    context_length,
+    error_of,
     probe,
     reachable,
 )
@@ -63,7 +63,6 @@ from dynask.actors.backends.openai_forward.wire import (
     Chunk,
     UpstreamError,
     completion_body,
-    error_text,
     parse_event,
     refusal,
 )
@@ -88,11 +87,11 @@ class OpenAIForwardEngine:
         self.base = api_base(url)
         self.args = args
         self.tokenizer = tokenizer
-        headers = _auth_headers(args.api_key_env)
+        headers = auth_headers(args.api_key_env)
         with httpx.Client(timeout=args.connect_timeout_s, headers=headers) as client:
             self.upstream: UpstreamInfo = probe(client, self.base, args.upstream_model)
             check_tokenizer(client, self.base, self.upstream.model, tokenizer)
-        self.max_model_len = _context(args.max_model_len, self.upstream.max_model_len)
+        self.max_model_len = context_length(args.max_model_len, self.upstream.max_model_len)
         self.kv_events = KVEventLog()
         self.lost_reason: str | None = None
         self._headers = headers
@@ -264,7 +263,7 @@ class OpenAIForwardEngine:
         async with self._client.stream("POST", url, json=body) as response:
             if not response.is_success:
                 answer = await response.aread()
-                raise UpstreamError(f"{response.status_code} from {url}: {_error_of(answer)}")
+                raise UpstreamError(f"{response.status_code} from {url}: {error_of(answer)}")
             async for line in response.aiter_lines():
                 if not line.startswith("data:"):
                     continue
@@ -393,32 +392,3 @@ def build_forward_engine(url: str, args: ForwardArgs, tokenizer: Any) -> OpenAIF
         raise
     except httpx.HTTPError as exc:
         raise UpstreamUnavailableError(f"out=openai:{url} did not answer: {exc}") from exc
-
-
-def _auth_headers(api_key_env: str | None) -> dict[str, str]:
-    if api_key_env is None:
-        return {}
-    key = os.environ.get(api_key_env)
-    if not key:
-        raise ValueError(
-            f"ForwardArgs 'api_key_env' names {api_key_env!r}, which is not set (or empty) "
-            "where this engine runs"
-        )
-    return {"Authorization": f"Bearer {key}"}
-
-
-def _context(asked: int | None, served: int | None) -> int:
-    if served is None:
-        return asked or DEFAULT_MAX_MODEL_LEN
-    if asked is not None and asked > served:
-        log.warning(
-            "out=openai: max_model_len %d exceeds the server's %d; using %d", asked, served, served
-        )
-    return min(asked or served, served)
-
-
-def _error_of(answer: bytes) -> str:
-    try:
-        return error_text(json.loads(answer))
-    except ValueError:
-        return answer.decode(errors="replace")[:500]

@@ -17,13 +17,16 @@ Design decisions:
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import re
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
+from dynask.actors.backends.backend_kit import DEFAULT_MAX_MODEL_LEN
 from dynask.actors.backends.openai_forward.wire import error_text
 
 log = logging.getLogger(__name__)
@@ -138,3 +141,35 @@ def _cache_shape(client: httpx.Client, base: str) -> tuple[int | None, int]:
     labels = dict(_LABEL.findall(match["labels"]))
     size, blocks = labels.get("block_size", ""), labels.get("num_gpu_blocks", "")
     return (int(size) if size.isdigit() else None), (int(blocks) if blocks.isdigit() else 0)
+
+
+def auth_headers(api_key_env: str | None) -> dict[str, str]:
+    """The ``Authorization`` header from the named environment variable (none if None)."""
+    if api_key_env is None:
+        return {}
+    key = os.environ.get(api_key_env)
+    if not key:
+        raise ValueError(
+            f"ForwardArgs 'api_key_env' names {api_key_env!r}, which is not set (or empty) "
+            "where this engine runs"
+        )
+    return {"Authorization": f"Bearer {key}"}
+
+
+def context_length(asked: int | None, served: int | None) -> int:
+    """The context to serve: the asked one, at most the server's."""
+    if served is None:
+        return asked or DEFAULT_MAX_MODEL_LEN
+    if asked is not None and asked > served:
+        log.warning(
+            "out=openai: max_model_len %d exceeds the server's %d; using %d", asked, served, served
+        )
+    return min(asked or served, served)
+
+
+def error_of(answer: bytes) -> str:
+    """The message of an error response's body."""
+    try:
+        return error_text(json.loads(answer))
+    except ValueError:
+        return answer.decode(errors="replace")[:500]

@@ -128,13 +128,13 @@ def test_a_server_that_does_not_answer_fails_the_build_with_its_address() -> Non
 
 
 def test_api_key_env_must_be_set(monkeypatch: pytest.MonkeyPatch) -> None:
-    from dynask.actors.backends.openai_forward.engine import _auth_headers
+    from dynask.actors.backends.openai_forward.upstream import auth_headers
 
     monkeypatch.delenv("DYNASK_TEST_UPSTREAM_KEY", raising=False)
     with pytest.raises(ValueError, match="'DYNASK_TEST_UPSTREAM_KEY', which is not set"):
-        _auth_headers("DYNASK_TEST_UPSTREAM_KEY")
+        auth_headers("DYNASK_TEST_UPSTREAM_KEY")
     monkeypatch.setenv("DYNASK_TEST_UPSTREAM_KEY", "sk-1")
-    assert _auth_headers("DYNASK_TEST_UPSTREAM_KEY") == {"Authorization": "Bearer sk-1"}
+    assert auth_headers("DYNASK_TEST_UPSTREAM_KEY") == {"Authorization": "Bearer sk-1"}
 
 
 # ---- the request body ----------------------------------------------------------------
@@ -276,3 +276,13 @@ def test_error_events_and_garbage_raise_with_the_servers_message() -> None:
         parse_event("{oops", None)
     with pytest.raises(UpstreamError, match="not an object"):
         parse_event("[1, 2]", None)
+
+
+def test_the_context_is_at_most_the_servers() -> None:
+    from dynask.actors.backends.openai_forward.upstream import context_length
+
+    assert context_length(None, 2048) == 2048
+    assert context_length(1024, 2048) == 1024
+    assert context_length(4096, 2048) == 2048
+    assert context_length(None, None) == 8192  # backend_kit's default: the server says nothing
+    assert context_length(512, None) == 512

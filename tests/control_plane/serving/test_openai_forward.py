@@ -30,6 +30,7 @@ from dynask.actors.runtime.engine_factory import EngineSpec
 from dynask.control_plane.serving.actor_handle import ActorHandle
 from tests.control_plane.cli.test_vllm_serving import LoopThread
 from tests.control_plane.routing_stack import MODEL, Stack, overlaps, serving_stack, tokens
+from tests.control_plane.server_process import dynask_run
 from tests.control_plane.vllm_server import BLOCK_SIZE, VLLMServer, vllm_servers
 
 pytestmark = pytest.mark.slow
@@ -106,6 +107,11 @@ def world(loop: LoopThread, smollm2_folder: Path, tmp_path_factory: Any) -> Iter
             held.result(timeout=120)
 
 
+async def _actor_call(proxy: Any, method: str) -> Any:
+    """An actor method's answer (its future is made and awaited on the stack's loop)."""
+    return await getattr(proxy, method)()
+
+
 def _direct(server: VLLMServer, prompt: list[int], max_tokens: int) -> dict[str, Any]:
     """The server's own greedy answer, asked without dynask in between."""
     model = httpx.get(f"{server.url}/v1/models", timeout=10).json()["data"][0]["id"]
@@ -125,7 +131,8 @@ def _direct(server: VLLMServer, prompt: list[int], max_tokens: int) -> dict[str,
 
 def test_info_says_which_actors_report_kv_events(world: World, loop: LoopThread) -> None:
     infos = {
-        name: ActorInfo.from_dict(loop.run(proxy.start())) for name, proxy in world.proxies.items()
+        name: ActorInfo.from_dict(loop.run(_actor_call(proxy, "start")))
+        for name, proxy in world.proxies.items()
     }
     assert {name: info.engine for name, info in infos.items()} == dict.fromkeys(infos, "openai")
     assert {name: info.kv_events for name, info in infos.items()} == {
@@ -254,7 +261,7 @@ def test_client_disconnect_frees_the_request_on_the_server(world: World, loop: L
     while world.main.metric("vllm:num_requests_running") and time.monotonic() < deadline:
         time.sleep(0.2)
     assert world.main.metric("vllm:num_requests_running") == 0.0
-    stats = [loop.run(world.proxies[name].stats()) for name in ("fwd-0", "fwd-1")]
+    stats = [loop.run(_actor_call(world.proxies[name], "stats")) for name in ("fwd-0", "fwd-1")]
     assert [s["num_running"] for s in stats] == [0, 0]
 
 
@@ -344,3 +351,29 @@ async def _join(stack: Stack, proxy: Any) -> ActorHandle:
     await handle.connect()
     stack.service.add_actor(MODEL, handle)
     return handle
+
+
+def test_dynask_run_out_openai_serves_the_servers_answer(world: World, tmp_path: Path) -> None:
+    prompt = tokens(7, 2)
+    reference = _direct(world.main, prompt, 8)
+    args = [
+        f"out=openai:{world.main.url}/v1",
+        "--kv-events-endpoint",
+        world.main.kv_events_endpoint,
+    ]
+
+    with dynask_run(tmp_path, args) as (base, _):
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+        reply = client.completions.create(
+            model="SmolLM2-135M-Instruct",
+            prompt=prompt,
+            max_tokens=8,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+        (engine,) = httpx.get(f"{base}/v1/engines", timeout=30).json()
+
+    assert reply.choices[0].text == reference["text"]
+    stats = engine["stats"]
+    assert (stats["prompt_tokens"], stats["generated_tokens"]) == (len(prompt), 8)
+    assert stats["num_running"] == 0

@@ -123,6 +123,16 @@ def test_duplicate_name_is_refused(repo: Repository) -> None:
     assert _kinds(repo) == [("admin", "deployment.created", "smollm")]
 
 
+def test_an_out_openai_deployment_keeps_its_url(repo: Repository) -> None:
+    # Regression: the schema's engine check predated out=openai, and the refused insert
+    # surfaced as "Deployment 'default' already exists" from `dynask run out=openai:URL`.
+    spec = DeploymentSpec("remote", engine="openai", engine_file="http://gpu-1:8000/v1")
+    repo.create_deployment(spec, who="admin")
+    stored = repo.get_deployment("remote")
+    assert stored is not None
+    assert (stored.engine, stored.engine_file) == ("openai", "http://gpu-1:8000/v1")
+
+
 def test_unknown_deployment_is_none(repo: Repository) -> None:
     assert repo.get_deployment("nope") is None
     assert repo.list_deployments() == []

@@ -103,7 +103,8 @@ def test_parse_engine_lists_the_valid_forms(text: str, message: str) -> None:
         ),
         (
             {"kind": "torch", "engine_args": {"model": "x"}},
-            "engine argument 'model' is not known to out=torch; known: block_size, cuda_graphs, ",
+            "engine argument 'model' is not known to out=torch; known: async_scheduling, "
+            "block_size, ",
         ),
     ],
 )

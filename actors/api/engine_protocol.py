@@ -1,15 +1,19 @@
 """The protocol every engine backend implements, so one ``EngineActor`` can drive any.
 
-Backends: the built-in engine (``out=torch``), ``echo``, ``mocker`` and ``python``. An
+Backends: the built-in engine (``out=torch``), ``vllm``, ``echo``, ``mocker``, ``python``
+and ``openai`` (forwarding to a server elsewhere). An
 engine takes token ids (the control plane applies chat templates and tokenizes), runs
 its own thread, and hands every step's deltas to its output listeners in one call.
 Engines with a prefix cache (the built-in engine and the mocker) are also
 ``KVCacheEngine``s: their KV events and dumps feed the control plane's prefix index;
-the others (echo, python) are routed with an approximate index instead.
+the others (echo, python) are routed with an approximate index instead. An engine whose
+model runs on a server it does not own (``out=openai``) is a ``ForwardingEngine``: it can
+lose that server while its actor lives on, and says so.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from dynask.actors.api.sampling_params import SamplingParams
@@ -55,3 +59,12 @@ class KVCacheEngine(Protocol):
 
     def kv_cache_dump(self) -> KVCacheDump:
         """The whole prefix cache as of ``kv_events.last_event_id`` (safe from any thread)."""
+
+
+@runtime_checkable
+class ForwardingEngine(Protocol):
+    """An engine that forwards to a server it does not own (``out=openai``)."""
+
+    def add_lost_listener(self, listener: Callable[[str], None]) -> None:
+        """``listener(reason)`` is called once, on the engine thread, when the server is
+        gone; the engine publishes nothing more for the requests it had."""

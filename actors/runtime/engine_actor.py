@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, ParamSpec
 
 from dynask.actors.api.actor_info import ActorInfo
-from dynask.actors.api.engine_protocol import Engine, KVCacheEngine
+from dynask.actors.api.engine_protocol import Engine, ForwardingEngine, KVCacheEngine
 from dynask.actors.api.outputs import RequestOutput
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.runtime.engine_factory import EngineSpec, build_engine
@@ -74,6 +74,8 @@ class EngineActor(KVTransferMethods):
         has_kv_cache = isinstance(engine, KVCacheEngine)
         if has_kv_cache:
             stream.watch_kv_events(engine.kv_events)
+        if isinstance(engine, ForwardingEngine):
+            engine.add_lost_listener(_weakly(self._engine_lost))
         engine.start()
         self._engine, self._stream = engine, stream
         self._finalizer = weakref.finalize(
@@ -140,6 +142,15 @@ class EngineActor(KVTransferMethods):
         for request_id in list(self._open):
             self._abort_remote_prefill(request_id)
             self._engine.abort(request_id)
+
+    def _engine_lost(self, reason: str) -> None:
+        """Engine thread: the engine's server is gone. The token stream closes, as when a
+        worker dies, so the control plane moves this actor's requests elsewhere and the
+        reconciler replaces the actor."""
+        log.warning("engine actor %s lost its engine (%s); closing its stream", self.name, reason)
+        stream = self._stream
+        if stream is not None:
+            stream.close_soon()
 
     async def abort(self, request_id: str) -> None:
         self._abort_remote_prefill(request_id)

@@ -10,7 +10,10 @@ Design decisions:
   once when the spec is, since that costs nothing.
 - The known arguments of ``torch`` and ``mocker`` are the fields of their config
   dataclasses (read with ``get_type_hints``), so a new config field needs no change here.
-- Backends without weights (echo, mocker, python) still speak a real tokenizer, taken
+- ``out=openai:URL`` keeps its URL in ``url`` (as ``out=python:FILE.py`` keeps its file
+  in ``python_file``); it is checked when the spec is made, the server only when the
+  engine is built (in the worker that will talk to it).
+- Backends without weights (echo, mocker, python, openai) still speak a real tokenizer, taken
   from the model argument (the bundled SmolLM2 by default), so detokenization, stop
   strings and vocabulary checks behave as with the real model.
 """
@@ -18,6 +21,7 @@ Design decisions:
 from __future__ import annotations
 
 import dataclasses
+import threading
 import types
 import typing
 from dataclasses import dataclass, field
@@ -26,14 +30,18 @@ from typing import Any
 from dynask.actors.api.engine_protocol import Engine
 from dynask.actors.backends.echo import EchoEngine
 from dynask.actors.backends.mocker import MockerConfig, build_mocker_engine
+from dynask.actors.backends.openai_forward.args import ForwardArgs, api_base
 from dynask.actors.backends.python_file import PythonEngine, load_generate
 from dynask.actors.backends.vllm.args import VLLMArgs
 from dynask.actors.engine.config import EngineConfig
 from dynask.actors.engine.engine import LLMEngine
 from dynask.actors.engine.loader import load_tokenizer, resolve_model
 
-KINDS = ("torch", "vllm", "echo", "mocker", "python")
-ENGINE_FORMS = "torch, vllm, echo, mocker, python:FILE.py"
+# Engines built at once in one worker (several actors) race in transformers' lazy imports
+# ("cannot import name 'AutoTokenizer'"), as out=vllm found; tokenizers load one at a time.
+_LOADING = threading.Lock()
+KINDS = ("torch", "vllm", "echo", "mocker", "python", "openai")
+ENGINE_FORMS = "torch, vllm, echo, mocker, python:FILE.py, openai:URL"
 
 
 def _config_args(config: type[Any], exclude: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -47,6 +55,7 @@ _KNOWN_ARGS: dict[str, dict[str, Any]] = {
     "mocker": _config_args(MockerConfig),
     "python": {"max_model_len": int},
     "vllm": _config_args(VLLMArgs),
+    "openai": _config_args(ForwardArgs),
 }
 
 
@@ -58,6 +67,7 @@ class EngineSpec:
     model: str | None = None
     python_file: str | None = None  # the user's file, for kind "python" only
     engine_args: dict[str, Any] = field(default_factory=dict)
+    url: str | None = None  # the server's address, for kind "openai" only
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -71,6 +81,15 @@ class EngineSpec:
                 f"EngineSpec 'python_file' has value {self.python_file!r}, but only "
                 f"out=python takes a file, not out={self.kind}"
             )
+        if self.kind == "openai":
+            if not self.url:
+                raise ValueError("out=openai needs the server's address: write openai:URL")
+            api_base(self.url)  # ValueError naming a malformed URL
+        elif self.url is not None:
+            raise ValueError(
+                f"EngineSpec 'url' has value {self.url!r}, but only out=openai takes a URL, "
+                f"not out={self.kind}"
+            )
         object.__setattr__(self, "engine_args", dict(self.engine_args))
         for key, value in self.engine_args.items():
             _check_arg(self.kind, key, value)
@@ -81,6 +100,8 @@ class EngineSpec:
             VLLMArgs(**self.engine_args)
         elif self.kind == "mocker":
             MockerConfig(**self.engine_args)
+        elif self.kind == "openai":
+            ForwardArgs(**self.engine_args)
 
 
 def _check_arg(kind: str, key: str, value: object) -> None:
@@ -117,14 +138,23 @@ def _type_name(expected: Any) -> str:
 
 
 def parse_engine(text: str) -> tuple[str, str | None]:
-    """``(kind, python_file)`` from CLI syntax: torch, echo, mocker or python:FILE.py."""
-    kind, sep, python_file = text.strip().partition(":")
+    """``(kind, target)`` from CLI syntax: torch, vllm, echo, mocker, python:FILE.py or
+    openai:URL; the target is the file or the URL (None for the others)."""
+    kind, sep, target = text.strip().partition(":")
     if kind == "python":
-        if not python_file:
+        if not target:
             raise ValueError(
                 f"engine {text!r} names no file; write python:FILE.py (valid: {ENGINE_FORMS})"
             )
-        return kind, python_file
+        return kind, target
+    if kind == "openai":
+        if not target:
+            raise ValueError(
+                f"engine {text!r} names no server; write openai:URL, e.g. "
+                f"openai:http://gpu-1:8000/v1 (valid: {ENGINE_FORMS})"
+            )
+        api_base(target)
+        return kind, target
     if sep or kind not in KINDS:
         raise ValueError(f"engine {text!r} is not known; valid: {ENGINE_FORMS}")
     return kind, None
@@ -146,6 +176,11 @@ def build_engine(spec: EngineSpec) -> Engine:
         from dynask.actors.backends.vllm.engine import VLLMEngine
 
         return VLLMEngine(VLLMArgs(**spec.engine_args), spec.model)
+    if spec.kind == "openai":
+        from dynask.actors.backends.openai_forward.engine import build_forward_engine
+
+        args = ForwardArgs(**spec.engine_args)
+        return build_forward_engine(str(spec.url), args, _tokenizer(spec.model))
     if spec.kind == "python":
         generate = load_generate(str(spec.python_file))  # a bad file fails before the tokenizer
         return PythonEngine(generate, _tokenizer(spec.model), **spec.engine_args)
@@ -156,4 +191,5 @@ def build_engine(spec: EngineSpec) -> Engine:
 
 
 def _tokenizer(model: str | None) -> Any:
-    return load_tokenizer(resolve_model(model).folder)
+    with _LOADING:
+        return load_tokenizer(resolve_model(model).folder)

@@ -21,6 +21,7 @@ in the ids, asks the actor for a dump (``pack_kv_dump``) instead.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import struct
 from array import array
@@ -155,6 +156,7 @@ class TokenStreamServer:
         self._writers: set[asyncio.StreamWriter] = set()
         self._server: asyncio.Server | None = None
         self._kv_log: KVEventLog | None = None
+        self._closing: concurrent.futures.Future[None] | None = None
 
     async def start(self, host: str) -> str:
         """Starts listening on an ephemeral port of ``host``; returns ``host:port``."""
@@ -202,6 +204,10 @@ class TokenStreamServer:
     @property
     def num_readers(self) -> int:
         return len(self._writers)
+
+    def close_soon(self) -> None:
+        """``close`` from any thread: every reader sees EOF (the engine is gone)."""
+        self._closing = asyncio.run_coroutine_threadsafe(self.close(), self._loop)
 
     async def close(self) -> None:
         if self._kv_log is not None:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from dynask.control_plane.server import Extension, ServerOptions
 
 IN_MODES = ("http", "text", "batch:FILE.jsonl")
-ENGINE_FORMS = ("torch", "vllm", "echo", "mocker", "python:FILE.py")
+ENGINE_FORMS = ("torch", "vllm", "echo", "mocker", "python:FILE.py", "openai:URL")
 GPU_ENGINES = ("torch", "vllm")  # the engines that take a GPU and a memory fraction
 
 

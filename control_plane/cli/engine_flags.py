@@ -46,6 +46,12 @@ class EngineFlags:
     gpu_memory_utilization: float | None = flag("--gpu-memory-utilization", None, type=float)
     tensor_parallel_size: int | None = flag("--tensor-parallel-size", None, "out=vllm", type=int)
     enforce_eager: bool | None = flag("--enforce-eager", None, "out=vllm", action="store_true")
+    kv_events_endpoint: str | None = flag(
+        "--kv-events-endpoint",
+        None,
+        "out=openai: tcp://HOST:PORT of the server's vLLM KV event publisher (default: none, "
+        "approximate routing)",
+    )
 
 
 def add_engine_flags(run: argparse.ArgumentParser) -> None:

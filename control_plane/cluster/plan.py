@@ -14,8 +14,9 @@ def engine_spec(deployment: DeploymentSpec) -> EngineSpec:
     return EngineSpec(
         kind=deployment.engine,
         model=deployment.model_path,
-        python_file=deployment.engine_file,
+        python_file=deployment.engine_file if deployment.engine == "python" else None,
         engine_args=dict(deployment.engine_args),
+        url=deployment.engine_file if deployment.engine == "openai" else None,
     )
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 NAME_PATTERN = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 BUNDLED_MODEL = "bundled:SmolLM2-135M-Instruct"  # the model of "no model given"
-ENGINES = ("torch", "vllm", "mocker", "echo", "python")
+ENGINES = ("torch", "vllm", "mocker", "echo", "python", "openai")
 
 
 class Role(enum.StrEnum):
@@ -71,7 +71,7 @@ class DeploymentSpec:
     replicas: int = 1
     engine_args: Mapping[str, Any] = field(default_factory=dict)
     served_model_name: str | None = None  # what clients send as "model" (None: the name)
-    engine_file: str | None = None  # the FILE.py of out=python
+    engine_file: str | None = None  # the FILE.py of out=python, the URL of out=openai
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not NAME_PATTERN.fullmatch(self.name):

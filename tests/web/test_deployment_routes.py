@@ -94,7 +94,10 @@ def _create(stack: AdminStack, csrf: str, **changes: str) -> tuple[int, str]:
         ),
         (
             {"engine": "sglang"},
-            {"engine": "'sglang' is not valid; expected one of torch, vllm, mocker, echo, python"},
+            {
+                "engine": "'sglang' is not valid; expected one of torch, vllm, mocker, echo, "
+                "python, openai"
+            },
         ),
         (
             {"engine": "vllm", "engine_args": '{"tensor_parallel_size": 0}'},

@@ -1,6 +1,7 @@
 """Which engine kinds serve which sampling features; the rest are refused by name.
 
-The built-in engine (``torch``) and vLLM serve them all. ``mocker``, ``echo`` and
+The built-in engine (``torch``), vLLM and ``openai`` (forwarded to a vLLM-compatible
+server) serve them all. ``mocker``, ``echo`` and
 ``python`` make their tokens without logits, so a penalty, a bias, ``min_tokens`` or
 logprobs would be silently meaningless there: each is a 400 naming the field and the
 engine. Choices (``n``, ``best_of``, prompt lists, ``echo``) are separate engine
@@ -12,7 +13,7 @@ from __future__ import annotations
 from dynask.control_plane.api.errors import invalid
 from dynask.control_plane.serving.request import GenerationRequest, ServedModel
 
-LOGITS_ENGINES = frozenset({"torch", "vllm"})  # kinds that sample from logits
+LOGITS_ENGINES = frozenset({"torch", "vllm", "openai"})  # kinds that sample from logits
 LOGITS_FEATURES = (
     "presence_penalty",
     "frequency_penalty",

@@ -38,16 +38,19 @@ def test_parse_engine_accepts_the_valid_forms(text: str, parsed: tuple[str, str 
     [
         (
             "sglang",
-            "engine 'sglang' is not known; valid: torch, vllm, echo, mocker, python:FILE.py",
+            "engine 'sglang' is not known; valid: torch, vllm, echo, mocker, python:FILE.py, "
+            "openai:URL",
         ),
         (
             "echo:x.py",
-            "engine 'echo:x.py' is not known; valid: torch, vllm, echo, mocker, python:FILE.py",
+            "engine 'echo:x.py' is not known; valid: torch, vllm, echo, mocker, python:FILE.py, "
+            "openai:URL",
         ),
         (
             "python",
             "engine 'python' names no file; write python:FILE.py "
-            "(valid: torch, vllm, echo, mocker, python:FILE.py)",
+            "(valid: torch, vllm, echo, mocker, python:FILE.py, "
+            "openai:URL)",
         ),
         ("python:", "engine 'python:' names no file; write python:FILE.py"),
     ],
@@ -100,7 +103,8 @@ def test_parse_engine_lists_the_valid_forms(text: str, message: str) -> None:
         ),
         (
             {"kind": "torch", "engine_args": {"model": "x"}},
-            "engine argument 'model' is not known to out=torch; known: block_size, cuda_graphs, ",
+            "engine argument 'model' is not known to out=torch; known: async_scheduling, "
+            "block_size, ",
         ),
     ],
 )

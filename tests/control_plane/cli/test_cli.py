@@ -38,7 +38,8 @@ def test_dynamo_style_arguments_become_flags() -> None:
         ),
         (
             ["run", "out=sglang"],
-            "engine 'sglang' is not known; valid: torch, vllm, echo, mocker, python:FILE.py",
+            "engine 'sglang' is not known; valid: torch, vllm, echo, mocker, python:FILE.py, "
+            "openai:URL",
         ),
         (["run", "in=batch:"], "in=batch: needs a file, e.g. in=batch:prompts.jsonl"),
         (["run", "/no/such/model.gguf"], "model path '/no/such/model.gguf' does not exist"),

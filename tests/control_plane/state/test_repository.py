@@ -38,7 +38,7 @@ def _kinds(repo: Repository) -> list[tuple[str, str, str]]:
         (
             {"engine": "tgi"},
             "Deployment 'engine' has value 'tgi'; expected one of torch, vllm, mocker, "
-            "echo, python",
+            "echo, python, openai",
         ),
         (
             {"role": "both"},
@@ -121,6 +121,16 @@ def test_duplicate_name_is_refused(repo: Repository) -> None:
     assert str(raised.value) == "Deployment 'smollm' already exists; pick another name or scale it"
     assert [d.model for d in repo.list_deployments()] == ["a.gguf"]
     assert _kinds(repo) == [("admin", "deployment.created", "smollm")]
+
+
+def test_an_out_openai_deployment_keeps_its_url(repo: Repository) -> None:
+    # Regression: the schema's engine check predated out=openai, and the refused insert
+    # surfaced as "Deployment 'default' already exists" from `dynask run out=openai:URL`.
+    spec = DeploymentSpec("remote", engine="openai", engine_file="http://gpu-1:8000/v1")
+    repo.create_deployment(spec, who="admin")
+    stored = repo.get_deployment("remote")
+    assert stored is not None
+    assert (stored.engine, stored.engine_file) == ("openai", "http://gpu-1:8000/v1")
 
 
 def test_unknown_deployment_is_none(repo: Repository) -> None:

@@ -6,10 +6,11 @@ the control plane's own cost shows): once plain, once with ``--otel-endpoint`` p
 at a collector in this process (``bench.common.otlp_receiver``: the real OTLP/HTTP
 exporter, a real socket; every request is traced, and each sends a ``traceparent``).
 Rounds alternate off/on so drift on a shared machine hits both. Per mode: requests/s,
-TTFT and ITL p50/p99, CPU ms per request of the control plane and of the engine's
+TTFT p50/p99, end-to-end p50, CPU ms per request of the control plane and of the engine's
 worker, and the spans the collector received. The ratios on/off are the result.
 
     .venv/bin/python -m bench.serving.tracing                  # 2 rounds, 16 streams
+    .venv/bin/python -m bench.serving.tracing --rounds 4       # steadier medians
     .venv/bin/python -m bench.serving.tracing --quick          # a smoke run
 
 Writes ``bench/results/tracing.json`` (``--out``) and a PNG beside it.
@@ -44,7 +45,7 @@ METRICS = (
     ("req_per_s", "req/s"),
     ("ttft_p50_ms", "TTFT p50 ms"),
     ("ttft_p99_ms", "TTFT p99 ms"),
-    ("itl_p50_ms", "ITL p50 ms"),
+    ("e2e_p50_ms", "e2e p50 ms"),
     ("cp_cpu_ms_per_req", "CP CPU ms/req"),
     ("engine_cpu_ms_per_req", "engine CPU ms/req"),
 )
@@ -67,7 +68,7 @@ async def _measure(
     ok = max(load.requests_ok, 1)
     return {
         **{k: getattr(load, k) for k in ("req_per_s", "ttft_p50_ms", "ttft_p99_ms")},
-        **{k: getattr(load, k) for k in ("itl_p50_ms", "itl_p99_ms", "requests_ok")},
+        **{k: getattr(load, k) for k in ("e2e_p50_ms", "itl_p50_ms", "requests_ok")},
         "requests_failed": load.requests_failed,
         "cp_cpu_ms_per_req": (after.frontend_s - before.frontend_s) * 1000 / ok,
         "engine_cpu_ms_per_req": (after.engine_s - before.engine_s) * 1000 / ok,

@@ -33,6 +33,8 @@ from dynask.control_plane.cluster.state_sync import (
 )
 from dynask.control_plane.disagg.orchestrator import DisaggOptions
 from dynask.control_plane.flags import flag, origins
+from dynask.control_plane.observability.http_tracing import TraceRequests
+from dynask.control_plane.observability.tracing import Tracing, TracingOptions
 from dynask.control_plane.planner.decision import PlannerConfig
 from dynask.control_plane.planner.loop import PlannerLoop
 from dynask.control_plane.reliability.options import ReliabilityOptions
@@ -88,6 +90,7 @@ class ServerOptions:
     planner: PlannerConfig | None = None  # None: no autoscaling
     chat: ChatOptions = field(default_factory=ChatOptions)  # tool-call and reasoning parsers
     tenant_defaults: TenantLimits = field(default_factory=TenantLimits)  # keyless tenants
+    tracing: TracingOptions = field(default_factory=TracingOptions)  # OpenTelemetry, off
 
 
 Extension = Callable[["ControlPlane"], list[BaseRoute]]
@@ -105,12 +108,14 @@ class ControlPlane:
         extensions: Sequence[Extension] = (),
     ) -> None:
         self.options = options
+        self.tracing = Tracing.from_options(options.tracing)
         self.service = ServingService(
             ServingMetrics(),
             options.routing,
             options.disagg,
             options.reliability,
             options.tenant_defaults,
+            self.tracing.tracer,
         )
         self.repo = Repository(make_engine(options.database_url or default_database_url()))
         self.recorder = ActorRecorder(self.repo)
@@ -124,6 +129,7 @@ class ControlPlane:
             options.n_workers,
             on_actor_event=self.recorder,
             gpu_placements=options.gpu_placements,
+            worker_plugins=[p for p in (self.tracing.worker_plugin,) if p is not None],
         )
         self.startup_error: BaseException | None = None
         self._all_ready: asyncio.Task[None] | None = None
@@ -137,6 +143,8 @@ class ControlPlane:
             if options.require_api_key
             else []
         )
+        if self.tracing.enabled:  # outside the key guard: a refused request is traced too
+            guard.insert(0, Middleware(TraceRequests, tracer=self.tracing.tracer))
         self.app = build_app(
             self.service,
             self._lifespan,
@@ -184,6 +192,7 @@ class ControlPlane:
                 self.planner.stop()
             await self.runtime.stop()
             await asyncio.to_thread(self.recorder.close)
+            await asyncio.to_thread(self.tracing.shutdown)
 
     def _started(self, task: asyncio.Task[None]) -> None:
         if task.cancelled():

@@ -45,6 +45,10 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "control_plane/disagg": (f"{CP}.api", f"{CP}.cluster", f"{CP}.cli"),
     "control_plane/cluster": (f"{CP}.api", f"{CP}.cli"),
     "control_plane/planner": (f"{CP}.api", f"{CP}.cli"),
+    "control_plane/observability": tuple(
+        f"{CP}.{p}"
+        for p in ("api", "serving", "routing", "disagg", "reliability", "cluster", "cli", "state")
+    ),
 }
 # (module file, import prefix): allowed on purpose
 ALLOWED = {

@@ -33,9 +33,10 @@ from dynask.actors.runtime.malloc_tuning import keep_tensor_memory
 from dynask.actors.runtime.token_stream import (
     TokenStreamServer,
     pack_kv_dump,
-    unpack_request,
+    read_request,
     unpack_requests,
 )
+from dynask.actors.runtime.tracing import EngineSpans, worker_tracer
 
 log = logging.getLogger(__name__)
 P = ParamSpec("P")
@@ -58,6 +59,7 @@ class EngineActor(KVTransferMethods):
         self._kv_transfer = None
         self._finalizer: weakref.finalize[Any, EngineActor] | None = None
         self._open: set[str] = set()  # requests submitted and not finished
+        self._spans: EngineSpans | None = None  # with the worker's TracingPlugin
 
     async def start(self) -> dict[str, Any]:
         """Loads the engine (in a thread), opens the token stream; returns the actor's info
@@ -71,6 +73,10 @@ class EngineActor(KVTransferMethods):
         address = await stream.start(_worker_host())
         engine.add_output_listener(stream.publish)
         engine.add_output_listener(_weakly(self._forget_finished))
+        tracer = worker_tracer()
+        if tracer is not None:
+            self._spans = EngineSpans(tracer, self.name)
+            engine.add_output_listener(self._spans.on_outputs)
         has_kv_cache = isinstance(engine, KVCacheEngine)
         if has_kv_cache:
             stream.watch_kv_events(engine.kv_events)
@@ -100,8 +106,14 @@ class EngineActor(KVTransferMethods):
 
         Bad input raises ``ValueError`` (re-raised at the caller with its message).
         """
-        request_id, prompt, params = unpack_request(packed)
-        self._running().add_request(prompt, SamplingParams(**params), request_id)
+        request_id, prompt, params, traceparent = read_request(packed)
+        self._traced(request_id, traceparent, len(prompt))
+        try:
+            self._running().add_request(prompt, SamplingParams(**params), request_id)
+        except BaseException:
+            if self._spans is not None:
+                self._spans.forget(request_id)
+            raise
         self._open.add(request_id)
 
     async def submit_batch(self, payload: bytes) -> list[str | None]:
@@ -113,15 +125,23 @@ class EngineActor(KVTransferMethods):
         engine = self._running()
         errors: list[str | None] = []
         for packed in unpack_requests(payload):
+            request_id = None
             try:
-                request_id, prompt, params = unpack_request(packed)
+                request_id, prompt, params, traceparent = read_request(packed)
+                self._traced(request_id, traceparent, len(prompt))
                 engine.add_request(prompt, SamplingParams(**params), request_id)
             except (ValueError, TypeError) as exc:
+                if self._spans is not None and request_id is not None:
+                    self._spans.forget(request_id)
                 errors.append(str(exc) or type(exc).__name__)
             else:
                 self._open.add(request_id)
                 errors.append(None)
         return errors
+
+    def _traced(self, request_id: str, traceparent: str | None, prompt_tokens: int) -> None:
+        if self._spans is not None and traceparent:
+            self._spans.arrived(request_id, traceparent, prompt_tokens)
 
     def _forget_finished(self, outputs: list[RequestOutput]) -> None:
         """Engine thread: finished requests leave ``_open`` (set operations hold the GIL)."""
@@ -153,6 +173,8 @@ class EngineActor(KVTransferMethods):
             stream.close_soon()
 
     async def abort(self, request_id: str) -> None:
+        if self._spans is not None:
+            self._spans.forget(request_id)
         self._abort_remote_prefill(request_id)
         self._running().abort(request_id)
 

@@ -9,7 +9,10 @@ call failed. Requests and tickets travel as bytes (cheap for Dask to carry).
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
+
+from opentelemetry.trace import INVALID_SPAN
 
 from dynask.actors.api.engine_protocol import Engine
 from dynask.actors.api.sampling_params import SamplingParams
@@ -19,7 +22,8 @@ from dynask.actors.runtime.kv_transfer_service import (
     RemotePrefillTicket,
     as_llm_engine,
 )
-from dynask.actors.runtime.token_stream import unpack_request
+from dynask.actors.runtime.token_stream import read_request
+from dynask.actors.runtime.tracing import context_from, worker_tracer
 from dynask.kv.transfer import make_transport
 
 
@@ -32,6 +36,9 @@ class KVTransferMethods:
     _kv_transfer: KVTransferService | None
 
     def _running(self) -> Engine:
+        raise NotImplementedError
+
+    def _traced(self, request_id: str, traceparent: str | None, prompt_tokens: int) -> None:
         raise NotImplementedError
 
     async def open_kv_transfer(self, transport: str, host: str | None = None) -> str:
@@ -50,10 +57,13 @@ class KVTransferMethods:
         """Decode side: reserves blocks for a request (``token_stream.pack_request``) whose
         prompt KV a prefill actor will send; returns the ticket for it, or None when the
         request was queued for a local prefill instead (nothing to move, or no room)."""
-        request_id, prompt, params = unpack_request(packed_request)
-        ticket = await self._kv_service().prepare_import(
-            request_id, prompt, SamplingParams(**params), timeout_s
-        )
+        request_id, prompt, params, traceparent = read_request(packed_request)
+        self._traced(request_id, traceparent, len(prompt))  # its engine.request span
+        with _span("engine.kv_import_prepare", traceparent, self.name) as span:
+            ticket = await self._kv_service().prepare_import(
+                request_id, prompt, SamplingParams(**params), timeout_s
+            )
+            span.set_attribute("dynask.remote_prefill", ticket is not None)
         return None if ticket is None else ticket.pack()
 
     async def prefill_remote(
@@ -62,10 +72,13 @@ class KVTransferMethods:
         """Prefill side: computes the prompt's KV and sends the blocks the ticket asks
         for to the decode actor; returns how many blocks were sent. A prefill that takes
         longer than ``timeout_s`` is aborted (the decode actor has stopped waiting)."""
-        _, prompt, params = unpack_request(packed_request)
-        return await self._kv_service().prefill_and_send(
-            RemotePrefillTicket.unpack(ticket), prompt, SamplingParams(**params), timeout_s
-        )
+        _, prompt, params, traceparent = read_request(packed_request)
+        with _span("engine.remote_prefill", traceparent, self.name) as span:
+            blocks = await self._kv_service().prefill_and_send(
+                RemotePrefillTicket.unpack(ticket), prompt, SamplingParams(**params), timeout_s
+            )
+            span.set_attribute("dynask.kv_blocks_sent", blocks)
+        return blocks
 
     async def cancel_remote_prefill(self, request_id: str) -> None:
         """Decode side: the prefill failed; prefill the request locally now."""
@@ -90,3 +103,12 @@ class KVTransferMethods:
                 f"engine actor {self.name} has no KV transfer listener; call open_kv_transfer"
             )
         return self._kv_transfer
+
+
+def _span(name: str, traceparent: str | None, actor: str) -> Any:
+    """A span of this worker's tracer under ``traceparent`` (a no-op span when either is
+    missing: tracing off, or an untraced request)."""
+    tracer, parent = worker_tracer(), context_from(traceparent)
+    if tracer is None or parent is None:
+        return nullcontext(INVALID_SPAN)
+    return tracer.start_as_current_span(name, parent, attributes={"dynask.actor": actor})

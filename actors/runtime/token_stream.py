@@ -26,7 +26,7 @@ import logging
 import struct
 from array import array
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -56,16 +56,20 @@ async def read_frame(reader: asyncio.StreamReader) -> tuple[str, Any]:
     return str(message["k"]), message["d"]
 
 
-def pack_request(request_id: str, prompt: list[int], params: dict[str, Any]) -> bytes:
-    """One request as bytes for the ``submit`` actor call.
+def pack_request(
+    request_id: str, prompt: list[int], params: dict[str, Any], traceparent: str | None = None
+) -> bytes:
+    """One request as bytes for the ``submit`` actor call; ``traceparent`` (W3C) makes the
+    actor's spans join the request's trace (``actors.runtime.tracing``).
 
     Dask pickles (and tries to compress) structured arguments: measured here, an actor call
     carrying a 200-int list and a dict cost 6.5 ms of caller CPU; the same call carrying
     bytes cost 0.44 ms. So the prompt travels as little-endian u32 and the rest as msgpack.
     """
-    body: bytes = msgpack.packb(
-        {"i": request_id, "p": array("I", prompt).tobytes(), "s": params}, use_bin_type=True
-    )
+    message = {"i": request_id, "p": array("I", prompt).tobytes(), "s": params}
+    if traceparent:
+        message["t"] = traceparent
+    body: bytes = msgpack.packb(message, use_bin_type=True)
     return body
 
 
@@ -82,11 +86,27 @@ def unpack_requests(payload: bytes) -> list[bytes]:
     return items
 
 
-def unpack_request(packed: bytes) -> tuple[str, list[int], dict[str, Any]]:
+class SubmittedRequest(NamedTuple):
+    """A ``pack_request`` result read back by the actor."""
+
+    request_id: str
+    prompt: list[int]
+    params: dict[str, Any]
+    traceparent: str | None
+
+
+def read_request(packed: bytes) -> SubmittedRequest:
     message = msgpack.unpackb(packed, raw=False)
     prompt = array("I")
     prompt.frombytes(message["p"])
-    return str(message["i"]), prompt.tolist(), dict(message["s"])
+    return SubmittedRequest(
+        str(message["i"]), prompt.tolist(), dict(message["s"]), message.get("t")
+    )
+
+
+def unpack_request(packed: bytes) -> tuple[str, list[int], dict[str, Any]]:
+    request_id, prompt, params, _ = read_request(packed)
+    return request_id, prompt, params
 
 
 def encode_output(output: RequestOutput) -> dict[str, Any]:

@@ -26,7 +26,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -204,9 +204,15 @@ def write_deploy_file(path: Path, engine: str, engine_args: dict[str, Any]) -> s
 
 @contextmanager
 def dynask_stack(
-    venv_bin: Path, engine: str, engine_args: dict[str, Any], workdir: Path, ready_timeout_s: float
+    venv_bin: Path,
+    engine: str,
+    engine_args: dict[str, Any],
+    workdir: Path,
+    ready_timeout_s: float,
+    serve_args: Sequence[str] = (),
 ) -> Iterator[ServingTarget]:
-    """Scheduler, one worker and ``dynask serve``, each its own process."""
+    """Scheduler, one worker and ``dynask serve`` (with ``serve_args``), each its own
+    process."""
     workdir.mkdir(parents=True, exist_ok=True)
     model = write_deploy_file(workdir / "deploy.yaml", engine, engine_args)
     scheduler = f"tcp://127.0.0.1:{free_port()}"
@@ -217,7 +223,7 @@ def dynask_stack(
             for name, argv in (
                 ("scheduler", _scheduler_argv(venv_bin, scheduler)),
                 ("worker", _worker_argv(venv_bin, scheduler)),
-                ("serve", _serve_argv(venv_bin, scheduler, workdir, http_port)),
+                ("serve", [*_serve_argv(venv_bin, scheduler, workdir, http_port), *serve_args]),
             )
         ]
         base_url = f"http://127.0.0.1:{http_port}"

@@ -31,8 +31,13 @@ def machine_facts(load_start: tuple[float, float, float]) -> dict[str, Any]:
     }
 
 
-def write_json(path: Path, document: dict[str, Any]) -> None:
+def write_json(path: Path, document: Any, picture: bool = True) -> None:
+    """Writes a result, and its PNG beside it (``plots.plot``) unless ``picture`` is off."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(document, indent=2) + "\n")
     tmp.replace(path)
+    if picture:
+        from bench.common.plots import plot  # matplotlib: only when a result is written
+
+        print(f"wrote {plot(path)}")

@@ -22,7 +22,6 @@ Prints a table and writes JSON to ``bench/results/disagg-gpu.json`` (``--out``).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import asdict
 from datetime import UTC, datetime
@@ -30,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from bench.common.report import write_json
 from bench.disaggregation.transfer import measure
 
 
@@ -64,7 +64,7 @@ def main() -> int:
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(out, result)
     print(f"\nwrote {out}")
     return 0
 

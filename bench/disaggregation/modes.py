@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench.common.report import write_json
 from bench.disaggregation.serving import ModeRow, Workload, mode_roles, run_mode
 from bench.disaggregation.transfer import measure
 from dynask.actors.runtime.engine_factory import EngineSpec
@@ -85,7 +85,7 @@ def main() -> int:
             _print_serving(mode_rows)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(out, result)
     print(f"\nwrote {out}")
     return 0
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 from dataclasses import dataclass
@@ -189,8 +188,10 @@ def _steps_per_call(row: ThroughputRow) -> str:
 
 
 def write_json(path: Path, report: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2) + "\n")
+    """The result and its PNG beside it (``bench.common.plots``)."""
+    from bench.common.report import write_json as write_result
+
+    write_result(path, report)
 
 
 def print_gpu_extras(extra: dict[str, Any]) -> None:

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.common.report import write_json
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.engine.config import EngineConfig
 from dynask.actors.engine.engine import LLMEngine
@@ -89,7 +90,7 @@ def main() -> None:
     OUT.parent.mkdir(exist_ok=True)
     if OUT.exists():  # runs of other settings stay
         results = {**json.loads(OUT.read_text()), **results}
-    OUT.write_text(json.dumps(results, indent=2) + "\n")
+    write_json(OUT, results)
     print(f"\nwrote {OUT}")
 
 

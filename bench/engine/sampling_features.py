@@ -21,13 +21,13 @@ table and writes JSON to ``bench/results/sampling_features.json``::
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from bench.common.report import write_json
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.engine import model_runner
 from dynask.actors.engine.config import EngineConfig
@@ -108,7 +108,7 @@ def main() -> None:
         )
         print(f"{name:10} {took:8.2f} {tokens / took:9.1f} {ratio:12.3f}")
     OUT.parent.mkdir(exist_ok=True)
-    OUT.write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2) + "\n")
+    write_json(OUT, {"args": vars(args), "rows": rows})
     print(f"wrote {OUT}")
 
 

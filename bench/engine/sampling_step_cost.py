@@ -12,13 +12,13 @@ repetition penalties, logit_bias and ``logprobs: 5``. Compare with a decode step
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from bench.common.report import write_json
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.engine.logits.logprobs import compute_logprobs
 from dynask.actors.engine.logits.processing import TokenCounts, process_logits
@@ -69,7 +69,7 @@ def main() -> None:
     for row in rows:
         print(f"{row['featured_rows']:>19} {row['ms_per_step']:>12.3f}")
     OUT.parent.mkdir(exist_ok=True)
-    OUT.write_text(json.dumps(rows, indent=2) + "\n")
+    write_json(OUT, rows)
     print(f"wrote {OUT}")
 
 

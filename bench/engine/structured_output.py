@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from bench.common.report import write_json
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.api.structured_output import StructuredOutput, build_grammar
 from dynask.actors.engine.config import EngineConfig
@@ -280,7 +281,7 @@ def main(argv: list[str] | None = None) -> None:
         "goal_ratio_at_largest_batch": goal,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.out, report)
     print(f"wrote {args.out}")
 
 

@@ -28,7 +28,6 @@ Only torch and this repository are needed. ``--device cpu`` runs the same code o
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import time
 from collections.abc import Callable
@@ -38,6 +37,7 @@ from typing import Any
 
 import torch
 
+from bench.common.report import write_json
 from dynask.actors.engine.kv_tiers import RunnerBlocks
 from dynask.kv.block_pool import CachedBlock
 from dynask.kv.hashing import SequenceHash
@@ -165,7 +165,7 @@ def main() -> None:
         "rows": rows,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    write_json(Path(args.out), report)
     print(f"wrote {args.out}")
 
 

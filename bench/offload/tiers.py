@@ -33,7 +33,6 @@ to a temporary folder (``--disk-path`` to choose one: its speed matters).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -48,6 +47,7 @@ from typing import Any
 
 import torch
 
+from bench.common.report import write_json
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.engine.config import EngineConfig
 from dynask.actors.engine.engine import LLMEngine
@@ -302,7 +302,7 @@ def main() -> None:
         "goal_host_speedup_5x": goal,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    write_json(Path(args.out), report)
     print(f"wrote {args.out}")
 
 

@@ -24,7 +24,6 @@ Run it from the repository root (a few seconds)::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import random
@@ -36,6 +35,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench.common.report import write_json
 from dynask.control_plane.routing.kv_router import Candidate, KVRouter, RouterConfig
 from dynask.kv.events import BlockStored, KVEventRecord
 from dynask.kv.hashing import SequenceHash, block_hashes
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
         "goals": {"decision_p99_le_200us": goal_met},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.out, report)
     print(f"wrote {args.out}")
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -28,6 +27,7 @@ import openai
 import uvicorn
 from distributed import LocalCluster
 
+from bench.common.report import write_json
 from dynask.actors.engine.loader import resolve_model
 from dynask.control_plane.api.app import build_app
 from dynask.control_plane.cluster.deployment_admin import DeploymentAdmin
@@ -235,7 +235,7 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     report = {"args": vars(args), "runs": [asdict(r) for r in rows], "actor_seconds_saved": saving}
-    out.write_text(json.dumps(report, indent=2))
+    write_json(out, report)
     print(f"wrote {out}")
 
 

@@ -41,6 +41,8 @@ from typing import Any
 import httpx
 import jsonschema
 
+from bench.common.report import write_json
+
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
@@ -251,7 +253,7 @@ def main() -> int:
         "prompts": PROMPTS,
         "rows": rows,
     }
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_json(Path(args.out), result)
     print(f"wrote {args.out}")
     return 0
 

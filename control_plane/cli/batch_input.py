@@ -4,7 +4,8 @@ Each input line is ``{"prompt": "..."}`` or ``{"messages": [...]}`` (optionally 
 ``max_tokens`` and ``temperature``); the output file ``FILE.results.jsonl`` holds one line
 per input line, in the same order, with the text, finish reason and token counts. The
 lines are checked before any engine starts, then all go through the serving pipeline at
-once (its admission and routing pace them).
+once (its admission and routing pace them). A progress bar on stderr counts finished
+requests and shows the output tokens/s so far (``BatchProgress``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -41,17 +43,52 @@ async def run_batch(
 ) -> int:
     requests = [(number, _prepared(pipeline, item, number)) for number, item in items]
     out_path = results_path(Path(file))
-    tasks = [asyncio.create_task(_collect(pipeline, prepared)) for _, prepared in requests]
-    try:
-        with out_path.open("w") as out, tqdm(total=len(tasks), desc="batch", unit="req") as bar:
-            for (number, _), task in zip(requests, tasks, strict=True):
-                out.write(json.dumps(_result(number, await task)) + "\n")
-                bar.update(1)
-    finally:
-        for task in tasks:
-            task.cancel()
-    print(f"wrote {len(tasks)} results to {out_path}", file=sys.stderr)
+    with BatchProgress(len(requests)) as progress:
+        tasks = [
+            asyncio.create_task(_collect(pipeline, prepared, progress)) for _, prepared in requests
+        ]
+        try:
+            with out_path.open("w") as out:
+                for (number, _), task in zip(requests, tasks, strict=True):
+                    out.write(json.dumps(_result(number, await task)) + "\n")
+        finally:
+            for task in tasks:
+                task.cancel()
+    print(
+        f"wrote {len(tasks)} results to {out_path} ({progress.tokens} output tokens, "
+        f"{progress.tokens_per_s():.1f} tokens/s)",
+        file=sys.stderr,
+    )
     return 0
+
+
+class BatchProgress:
+    """A tqdm bar of finished requests, its postfix the output tokens/s since the start
+    (redrawn as tokens arrive, at most every ``mininterval`` s: tqdm throttles it)."""
+
+    def __init__(self, total: int, file: Any = None) -> None:
+        self.bar = tqdm(total=total, desc="batch", unit="req", file=file or sys.stderr)
+        self.tokens = 0
+        self._start = time.perf_counter()
+
+    def tokens_per_s(self) -> float:
+        elapsed = time.perf_counter() - self._start
+        return self.tokens / elapsed if elapsed > 0 else 0.0
+
+    def generated(self, tokens: int) -> None:
+        self.tokens += tokens
+        self.bar.set_postfix_str(f"{self.tokens_per_s():.1f} tok/s", refresh=False)
+        self.bar.update(0)  # redraws once mininterval has passed
+
+    def finished(self) -> None:
+        self.bar.set_postfix_str(f"{self.tokens_per_s():.1f} tok/s", refresh=False)
+        self.bar.update(1)
+
+    def __enter__(self) -> BatchProgress:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.bar.close()
 
 
 def _lines(path: Path) -> list[tuple[int, str]]:
@@ -92,8 +129,15 @@ def _optional(item: dict[str, Any], name: str, types: tuple[type, ...], number: 
     return value
 
 
-async def _collect(pipeline: LocalPipeline, prepared: PreparedRequest) -> list[RequestOutput]:
-    return [output async for output in pipeline.generate(prepared)]
+async def _collect(
+    pipeline: LocalPipeline, prepared: PreparedRequest, progress: BatchProgress
+) -> list[RequestOutput]:
+    outputs = []
+    async for output in pipeline.generate(prepared):
+        outputs.append(output)
+        progress.generated(len(output.token_ids))
+    progress.finished()
+    return outputs
 
 
 def _result(number: int, outputs: list[RequestOutput]) -> dict[str, Any]:

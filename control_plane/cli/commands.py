@@ -179,6 +179,7 @@ def _server_options(
     from dynask.control_plane.cli.planner_flags import planner_config
     from dynask.control_plane.cli.reliability_flags import reliability_options, tenant_defaults
     from dynask.control_plane.flags import options_from
+    from dynask.control_plane.observability.tracing import TracingOptions
     from dynask.control_plane.routing.model_routing import RoutingOptions
     from dynask.control_plane.server import ServerOptions
 
@@ -194,4 +195,5 @@ def _server_options(
         tenant_defaults=tenant_defaults(args),
         planner=planner_config(args),
         chat=chat_options(args),
+        tracing=options_from(args, TracingOptions),
     )

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from distributed import Client, LocalCluster
+from distributed.diagnostics.plugin import WorkerPlugin
 
 from dynask.actors.api.actor_info import ActorInfo
 from dynask.actors.runtime.engine_actor import EngineActor
@@ -58,8 +59,10 @@ class ClusterRuntime:
         n_workers: int = 1,
         on_actor_event: ActorEventHook | None = None,
         gpu_placements: Sequence[WorkerPlacement] = (),
+        worker_plugins: Sequence[WorkerPlugin] = (),
     ) -> None:
         self.service = service
+        self.worker_plugins = list(worker_plugins)  # registered at start (tracing's)
         self.deployments = deployments
         self.scheduler_address = scheduler_address
         self.n_workers = n_workers
@@ -84,6 +87,8 @@ class ClusterRuntime:
             address, asynchronous=True, direct_to_workers=True
         )
         await self.client.register_plugin(GPUDiscoveryPlugin())
+        for plugin in self.worker_plugins:
+            await self.client.register_plugin(plugin)
         self.health = ActorHealth(
             self.client, self.service.reliability, self._handles.values, self._wake.set
         )

@@ -32,6 +32,8 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from opentelemetry.trace import NoOpTracer, Status, StatusCode, Tracer
+
 from dynask.control_plane.flags import flag, non_negative_int
 from dynask.control_plane.routing.model_routing import (
     ModelRouting,
@@ -126,8 +128,9 @@ class PrefillPlan:
 class DisaggOrchestrator:
     """Plans and runs remote prefills for a ``ServingService`` (see the module docstring)."""
 
-    def __init__(self, options: DisaggOptions | None = None) -> None:
+    def __init__(self, options: DisaggOptions | None = None, tracer: Tracer | None = None) -> None:
         self.options = options or DisaggOptions()
+        self.tracer = tracer or NoOpTracer()  # kv_handover, remote_prefill spans
         self.counters: Counter[str] = Counter()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -166,9 +169,13 @@ class DisaggOrchestrator:
         async def submit(packed: bytes) -> None:
             prefilling = False
             try:
-                ticket = await decode.proxy.prepare_remote_prefill(
-                    packed, self.options.transfer_timeout_s
-                )
+                with self.tracer.start_as_current_span(
+                    "kv_handover", attributes={"dynask.decode_actor": decode.name}
+                ) as span:
+                    ticket = await decode.proxy.prepare_remote_prefill(
+                        packed, self.options.transfer_timeout_s
+                    )
+                    span.set_attribute("dynask.remote_prefill", ticket is not None)
                 if ticket is None:
                     self.counters["local_decided_by_decode"] += 1
                     return
@@ -191,11 +198,18 @@ class DisaggOrchestrator:
     async def _prefill(
         self, plan: PrefillPlan, decode: ActorHandle, ticket: bytes, packed: bytes
     ) -> None:
+        attributes = {
+            "dynask.prefill_actor": plan.prefill_actor.name,
+            "dynask.decode_actor": decode.name,
+        }
+        span = self.tracer.start_span("remote_prefill", attributes=attributes)
         try:
             blocks = await plan.prefill_actor.proxy.prefill_remote(
                 ticket, packed, self.options.transfer_timeout_s
             )
         except Exception as exc:  # the decode actor falls back; say why in the log
+            span.record_exception(exc)
+            span.set_status(Status(StatusCode.ERROR, "remote prefill failed; decode prefills"))
             self.counters["remote_prefill_failed"] += 1
             log.warning(
                 "remote prefill of %s on %s failed (%s); %s prefills it",
@@ -206,9 +220,11 @@ class DisaggOrchestrator:
             )
             await self._cancel_quietly(plan.request_id, decode)
         else:
+            span.set_attribute("dynask.kv_blocks_moved", int(blocks))
             self.counters["remote_prefills"] += 1
             self.counters["blocks_moved"] += int(blocks)
         finally:
+            span.end()
             plan.release()
 
     async def _cancel_quietly(self, request_id: str, decode: ActorHandle) -> None:

@@ -42,8 +42,11 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import cast
 
+from opentelemetry.trace import Status, StatusCode
+
 from dynask.actors.api.outputs import FinishReason, RequestOutput, Usage
 from dynask.actors.api.sampling_params import SamplingParams
+from dynask.actors.runtime.tracing import traceparent_of
 from dynask.control_plane.reliability.options import ReliabilityOptions
 from dynask.control_plane.reliability.resume_text import StopCarry, held_back_text
 from dynask.control_plane.reliability.stream_progress import StreamProgress
@@ -82,7 +85,7 @@ class RequestMigration:
         moves, carry = 0, None
         while True:
             try:
-                async for outputs in self._attempt(admitted, progress, carry):
+                async for outputs in self._attempt(admitted, progress, carry, moves):
                     yield outputs
                 return
             except ActorUnavailableError as exc:
@@ -95,36 +98,68 @@ class RequestMigration:
                 if progress.remaining < 1:  # every token was out: only the end was lost
                     yield [_length_finish(original.request_id, progress, carry)]
                     return
-                admitted.move_to(await self._move(original, progress, moves, lost))
+                with self.placer.tracer.start_as_current_span("migrate") as span:
+                    span.set_attributes(
+                        {
+                            "dynask.migration.from_actor": lost,
+                            "dynask.migration.move": moves,
+                            "dynask.migration.tokens_sent": len(progress.sent),
+                        }
+                    )
+                    placement = await self._move(original, progress, moves, lost)
+                    span.set_attribute("dynask.migration.to_actor", placement.actor.name)
+                admitted.move_to(placement)
 
     async def _attempt(
-        self, admitted: AdmittedRequest, progress: StreamProgress, carry: StopCarry | None
+        self,
+        admitted: AdmittedRequest,
+        progress: StreamProgress,
+        carry: StopCarry | None,
+        moves: int,
     ) -> AsyncIterator[list[RequestOutput]]:
         placement = admitted.placement
         prepared = placement.prepared
         submit = self.placer.submitter(placement)
         first = True
+        # Started, never made current: this generator yields while it is open.
+        span = self.placer.tracer.start_span(
+            "generate", attributes=_attempt_attributes(placement, moves)
+        )
         deltas = cast(  # an async generator: closed at once when a carried stop ends it
             AsyncGenerator[list[RequestOutput], None],
             placement.actor.generate(
-                prepared.request_id, prepared.prompt_ids, prepared.params, submit
+                prepared.request_id,
+                prepared.prompt_ids,
+                prepared.params,
+                submit,
+                traceparent_of(span),
             ),
         )
-        async with aclosing(deltas):
-            async for batch in deltas:
-                if first:
-                    admitted.first_token()
-                    first = False
-                outputs = batch
-                if prepared.prompt_ids is not progress.prompt_ids:
-                    outputs = [whole_request_usage(o, progress) for o in outputs]
-                if carry is not None:
-                    outputs = _carried(carry, outputs, progress)
-                released = progress.release(outputs)
-                if released:
-                    yield released
-                if outputs[-1].finished:
-                    return
+        try:
+            async with aclosing(deltas):
+                async for batch in deltas:
+                    if first:
+                        admitted.first_token()
+                        span.add_event("first_token")
+                        first = False
+                    outputs = batch
+                    if prepared.prompt_ids is not progress.prompt_ids:
+                        outputs = [whole_request_usage(o, progress) for o in outputs]
+                    if carry is not None:
+                        outputs = _carried(carry, outputs, progress)
+                    released = progress.release(outputs)
+                    if released:
+                        yield released
+                    if outputs[-1].finished:
+                        span.set_attribute("dynask.finish_reason", str(outputs[-1].finish_reason))
+                        return
+        except Exception as exc:
+            span.record_exception(exc)
+            span.set_status(Status(StatusCode.ERROR, str(exc)))
+            raise
+        finally:
+            span.set_attribute("dynask.tokens_sent", len(progress.sent))
+            span.end()
 
     def _check_movable(
         self,
@@ -211,6 +246,15 @@ class RequestMigration:
             moves,
         )
         return placement
+
+
+def _attempt_attributes(placement: Placement, moves: int) -> dict[str, str | int]:
+    return {
+        "dynask.actor": placement.actor.name,
+        "dynask.request_id": placement.prepared.request_id,
+        "dynask.attempt": moves,
+        "dynask.prompt_tokens": len(placement.prepared.prompt_ids),
+    }
 
 
 def whole_request_usage(output: RequestOutput, progress: StreamProgress) -> RequestOutput:

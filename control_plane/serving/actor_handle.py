@@ -31,6 +31,7 @@ from dynask.actors.runtime.token_stream import (
     pack_request,
     read_frame,
 )
+from dynask.actors.runtime.tracing import attached
 from dynask.control_plane.serving.actor_load import DEFAULT_BLOCK_SIZE, ActorLoad
 from dynask.control_plane.serving.submit_batcher import SubmitBatcher
 from dynask.control_plane.state.deployment import Role
@@ -144,6 +145,7 @@ class ActorHandle:
         prompt: list[int],
         params: SamplingParams,
         submit: Callable[[bytes], Awaitable[None]] | None = None,
+        traceparent: str | None = None,
     ) -> AsyncIterator[list[RequestOutput]]:
         """Submits a request and yields its deltas, in order, until the final one.
 
@@ -154,6 +156,7 @@ class ActorHandle:
         A request counted in ``load`` (``reserve``, by whoever placed it, who also
         releases it) advances there as its tokens arrive. ``submit`` replaces the batched
         submission (``DisaggOrchestrator.submitter`` hands a disaggregated request over).
+        ``traceparent`` (W3C) travels with the request: the actor's spans join its trace.
         """
         if self.broken:
             raise ActorUnavailableError(f"engine actor {self.name} is unavailable")
@@ -162,11 +165,12 @@ class ActorHandle:
         finished = False
         submitted: asyncio.Future[None] | None = None
         try:
-            packed = pack_request(request_id, prompt, asdict(params))
+            packed = pack_request(request_id, prompt, asdict(params), traceparent)
             if submit is None:
                 submitted = self._batcher.submit(packed)
             else:
-                submitted = asyncio.ensure_future(submit(packed))
+                with attached(traceparent):  # the hand-over's spans: children of the attempt
+                    submitted = asyncio.ensure_future(submit(packed))
             await self._submitted(submitted)
             while not finished:
                 batch = [await queue.get()]

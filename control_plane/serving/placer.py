@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from opentelemetry.trace import NoOpTracer, Tracer
+
 from dynask.control_plane.disagg.orchestrator import DisaggOrchestrator, PrefillPlan, Submit
+from dynask.control_plane.observability.tracing import route_attributes
 from dynask.control_plane.routing.model_routing import (
     NoReadyActorError,
     OverloadedError,
@@ -56,13 +59,24 @@ class Placement:
 class Placer:
     """Places requests on the actors of their model (see the module docstring)."""
 
-    def __init__(self, disagg: DisaggOrchestrator, metrics: ServingMetrics) -> None:
+    def __init__(
+        self, disagg: DisaggOrchestrator, metrics: ServingMetrics, tracer: Tracer | None = None
+    ) -> None:
         self.disagg = disagg
         self.metrics = metrics
+        self.tracer = tracer or NoOpTracer()  # the ``route`` span (observability.tracing)
 
     def place(self, prepared: PreparedRequest) -> Placement:
         """Chooses the request's actor and counts it there; an ``UnavailableError`` when no
         actor is ready or every one is at an overload threshold."""
+        with self.tracer.start_as_current_span("route") as span:
+            placement = self._place(prepared)
+            if span.is_recording():
+                span.set_attributes(route_attributes(placement.route.decision))
+                span.set_attribute("dynask.remote_prefill", placement.prefill is not None)
+            return placement
+
+    def _place(self, prepared: PreparedRequest) -> Placement:
         model = prepared.model
         try:
             route = model.routing.choose(

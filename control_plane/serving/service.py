@@ -19,9 +19,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from opentelemetry.trace import NoOpTracer, Tracer
+
 from dynask.actors.api.outputs import RequestOutput
 from dynask.actors.api.sampling_params import SamplingParamError, SamplingParams
 from dynask.control_plane.disagg.orchestrator import DisaggOptions, DisaggOrchestrator
+from dynask.control_plane.observability.tracing import prepare_attributes
 from dynask.control_plane.reliability.migration import RequestMigration
 from dynask.control_plane.reliability.options import ReliabilityOptions
 from dynask.control_plane.routing.model_routing import ModelRouting, RoutingOptions
@@ -57,21 +60,23 @@ class ServingService:
         disagg: DisaggOptions | None = None,
         reliability: ReliabilityOptions | None = None,
         tenant_defaults: TenantLimits | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self.metrics = metrics
+        self.tracer = tracer or NoOpTracer()  # request spans (observability.tracing); no-op: off
         self.tenant_defaults = tenant_defaults or TenantLimits()  # for user / anonymous
         self.tenants = TenantGate(
             observe=lambda tenant, in_flight: metrics.tenant_in_flight.labels(tenant).set(in_flight)
         )
         self.routing = routing or RoutingOptions()
-        self.disagg = DisaggOrchestrator(disagg)
+        self.disagg = DisaggOrchestrator(disagg, self.tracer)
         metrics.watch_disagg(self.disagg.counters)
         self.reliability = reliability or ReliabilityOptions()
         self.models: dict[str, ServedModel] = {}
         self.admission = Admission(
             self.reliability.max_in_flight, self.reliability.max_queued_prefill_tokens
         )
-        self.placer = Placer(self.disagg, metrics)
+        self.placer = Placer(self.disagg, metrics, self.tracer)
         self.migration = RequestMigration(self.reliability, metrics, self.placer)
         # An inference graph's custom Processor (graph_runtime.ProcessorHook), or None.
         self.request_hook: Callable[[GenerationRequest], Awaitable[GenerationRequest]] | None = None
@@ -125,6 +130,13 @@ class ServingService:
         """Applies the chat template and tokenizes: CPU-bound, so the HTTP layer calls it
         in a worker thread (``asyncio.to_thread``), never on the event loop. A prompt
         whose text is obviously longer than the context is refused before tokenizing."""
+        with self.tracer.start_as_current_span("prepare") as span:
+            prepared = self._prepare(request, prefix)
+            if span.is_recording():
+                span.set_attributes(prepare_attributes(prepared))
+            return prepared
+
+    def _prepare(self, request: GenerationRequest, prefix: str) -> PreparedRequest:
         model = self.model(request.model)
         if "structured_output" in request.sampling:
             refuse_unless_served([a.info.engine for a in model.serving_actors])

@@ -20,12 +20,15 @@ import httpx
 import openai
 import uvicorn
 from distributed import Client, LocalCluster
+from opentelemetry.trace import Tracer
+from starlette.middleware import Middleware
 
 from dynask.actors.api.actor_info import ActorInfo
 from dynask.actors.runtime.engine_actor import EngineActor
 from dynask.actors.runtime.engine_factory import EngineSpec
 from dynask.control_plane.api.app import build_app
 from dynask.control_plane.disagg.orchestrator import DisaggOptions
+from dynask.control_plane.observability.http_tracing import TraceRequests
 from dynask.control_plane.reliability.options import ReliabilityOptions
 from dynask.control_plane.routing.model_routing import ModelRouting, RoutingOptions
 from dynask.control_plane.serving.actor_handle import ActorHandle
@@ -87,10 +90,12 @@ async def connect_service(
     disagg: DisaggOptions | None = None,
     roles: Sequence[str] | None = None,
     reliability: ReliabilityOptions | None = None,
+    tracer: Tracer | None = None,
 ) -> tuple[ServingService, list[ActorHandle]]:
     """A fresh control plane's view of running actors: a service, handles, synced index.
-    ``roles`` (one per proxy) makes prefill/decode actors, which open a KV listener."""
-    service = ServingService(ServingMetrics(), routing, disagg, reliability)
+    ``roles`` (one per proxy) makes prefill/decode actors, which open a KV listener;
+    ``tracer`` traces its requests (and the app's HTTP spans)."""
+    service = ServingService(ServingMetrics(), routing, disagg, reliability, tracer=tracer)
     handles = []
     for proxy, role in zip(proxies, roles or ["aggregated"] * len(proxies), strict=True):
         # idempotent: a running actor answers with its info
@@ -112,8 +117,10 @@ async def cluster_with_actors(
     count: int,
     engine: str = "mocker",
     engine_args: dict[str, Any] | None = None,
+    worker_plugins: Sequence[Any] = (),
 ) -> AsyncIterator[list[Any]]:
-    """An in-process cluster with ``count`` started actors (``mock-0`` ...); their proxies."""
+    """An in-process cluster with ``count`` started actors (``mock-0`` ...); their proxies.
+    ``worker_plugins`` are registered before the actors start (tracing's)."""
     args = FAST_MOCKER if engine_args is None and engine == "mocker" else engine_args or {}
     spec = EngineSpec(kind=engine, model=str(model_folder), engine_args=args)
     async with (
@@ -122,6 +129,8 @@ async def cluster_with_actors(
         ) as cluster,
         Client(cluster, asynchronous=True, direct_to_workers=True) as client,
     ):
+        for plugin in worker_plugins:
+            await client.register_plugin(plugin)
         proxies = [
             await client.submit(EngineActor, spec, f"mock-{i}", actor=True, pure=False)
             for i in range(count)
@@ -140,13 +149,16 @@ async def serving_stack(
     disagg: DisaggOptions | None = None,
     roles: Sequence[str] | None = None,
     reliability: ReliabilityOptions | None = None,
+    tracer: Tracer | None = None,
+    headers: dict[str, str] | None = None,
 ) -> AsyncIterator[Stack]:
-    """A control plane over ``proxies``, served over HTTP on a free port."""
-    service, handles = await connect_service(proxies, routing, disagg, roles, reliability)
+    """A control plane over ``proxies``, served over HTTP on a free port; ``headers`` go
+    with every request of the clients (a ``traceparent``)."""
+    service, handles = await connect_service(proxies, routing, disagg, roles, reliability, tracer)
     port = free_port()
-    config = uvicorn.Config(
-        build_app(service), host="127.0.0.1", port=port, log_level="warning", lifespan="off"
-    )
+    middleware = [] if tracer is None else [Middleware(TraceRequests, tracer=tracer)]
+    app = build_app(service, middleware=middleware)
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
     server = uvicorn.Server(config)
     serving = asyncio.create_task(server.serve())
     while not server.started:
@@ -156,7 +168,9 @@ async def serving_stack(
         for handle in handles:
             stack.push_async_callback(handle.close)
         stack.push_async_callback(_stop, server, serving)
-        client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+        client = openai.AsyncOpenAI(
+            base_url=f"{base}/v1", api_key="unused", max_retries=0, default_headers=headers
+        )
         stack.push_async_callback(client.close)
         http = await stack.enter_async_context(httpx.AsyncClient(base_url=base))
         yield Stack(service, handles, list(proxies), client, http)

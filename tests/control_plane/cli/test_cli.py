@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import select
 import subprocess
 import sys
@@ -79,6 +80,8 @@ def test_batch_file_results_are_written_beside_it(tiny_llama_folder: Path, tmp_p
         json.loads(line) for line in (tmp_path / "prompts.results.jsonl").read_text().splitlines()
     ]
     assert [(r["line"], r["completion_tokens"]) for r in results] == [(1, 5), (3, 3)]
+    assert "batch: 100%" in done.stderr and " tok/s]" in done.stderr  # the progress bar
+    assert re.search(r"results to \S+ \(8 output tokens, \d+\.\d tokens/s\)", done.stderr)
     assert all(
         r["finish_reason"] in ("length", "stop") and isinstance(r["text"], str) for r in results
     )

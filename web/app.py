@@ -19,6 +19,7 @@ from dynask.web.views_actions import make_action_routes
 from dynask.web.views_auth import make_auth_routes
 from dynask.web.views_keys import make_key_routes
 from dynask.web.views_pages import make_page_routes
+from dynask.web.views_remote import make_remote_routes
 
 STATIC = TEMPLATES.parent / "static"
 
@@ -34,6 +35,7 @@ def make_admin_app(
         *make_action_routes(deps),
         *make_key_routes(deps),
         *make_feed_routes(deps, feed_interval_s),
+        *(make_remote_routes(deps, deps.remote_workers) if deps.remote_workers else []),
         Mount("/static", app=StaticFiles(directory=STATIC), name="static"),
     ]
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from dynask.control_plane.api.key_guard import ApiKeyGuard
 from dynask.control_plane.cluster.cluster_admin import ClusterAdmin
 from dynask.control_plane.cluster.deployment_admin import DeploymentAdmin
+from dynask.control_plane.cluster.remote_workers import RemoteWorkers
 from dynask.control_plane.serving.service import ServingService
 from dynask.control_plane.state.admin_users import AdminUsers
 from dynask.control_plane.state.api_keys import ApiKeys
@@ -27,3 +28,4 @@ class AdminDeps:
     key_guard: ApiKeyGuard  # mints the chat page's short-lived key
     keys_required: bool  # does /v1 need a key (shown on the API keys page)
     login_throttle: LoginThrottle = field(default_factory=LoginThrottle)
+    remote_workers: RemoteWorkers | None = None  # None: no "workers on other hosts" page

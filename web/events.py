@@ -14,6 +14,7 @@ SSE_METRICS = "metrics"
 POLL_DEPLOYMENTS = "every 2s [!this.contains(document.activeElement)]"
 POLL_EVENTS = "every 5s"
 POLL_ROUTING = "every 3s"
+POLL_REMOTE_WORKERS = "every 1s"
 
 
 def as_dict() -> dict[str, str]:

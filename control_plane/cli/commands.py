@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dynask.control_plane.cli.disagg_flags import disagg_options, embedded_deployments
 from dynask.control_plane.cli.engine_flags import engine_args
@@ -16,15 +16,18 @@ from dynask.control_plane.cluster.plan import engine_spec, served_name
 from dynask.control_plane.state.deployment import BUNDLED_MODEL, DeploymentSpec
 
 if TYPE_CHECKING:
+    from dynask.control_plane.cluster.pools import PoolPlacement
     from dynask.control_plane.server import Extension, ServerOptions
 
-IN_MODES = ("http", "text", "batch:FILE.jsonl")
-ENGINE_FORMS = ("torch", "vllm", "echo", "mocker", "python:FILE.py", "openai:URL")
+IN_MODES = ("http", "text", "batch:FILE.jsonl", "dyn://POOL")
+ENGINE_FORMS = ("torch", "vllm", "echo", "mocker", "python:FILE.py", "openai:URL", "dyn://POOL")
 GPU_ENGINES = ("torch", "vllm")  # the engines that take a GPU and a memory fraction
 
 
 def _check_input(mode: str) -> None:
     if mode in ("http", "text") or (mode.startswith("batch:") and mode != "batch:"):
+        return
+    if mode.startswith("dyn://"):
         return
     if mode == "batch:":
         raise ValueError("in=batch: needs a file, e.g. in=batch:prompts.jsonl")
@@ -37,6 +40,17 @@ def run_command(args: argparse.Namespace, extensions: Sequence[Extension] = ()) 
     from dynask.actors.runtime.engine_factory import parse_engine, prepare_model
 
     _check_input(args.input)
+    if args.input.startswith("dyn://"):
+        from dynask.control_plane.cli.pool_node import pool_node_command
+
+        return pool_node_command(args)
+    if args.engine.startswith("dyn://"):
+        return _serve_pool(args, extensions)
+    if args.scheduler is not None:
+        raise ValueError(
+            "dynask run --scheduler is for pools (in=dyn://POOL on a node, out=dyn://POOL on a "
+            "front end); for a control plane of a cluster use dynask serve --scheduler"
+        )
     kind, python_file = parse_engine(args.engine)
     if args.model and args.model_path and args.model != args.model_path:
         raise ValueError(f"two models given ({args.model!r} and --model-path {args.model_path!r})")
@@ -86,12 +100,61 @@ def _with_fraction(deployment: DeploymentSpec, fraction: float) -> DeploymentSpe
     return dataclasses.replace(deployment, engine_args=engine_args)
 
 
+def _serve_pool(args: argparse.Namespace, extensions: Sequence[Extension]) -> int:
+    """``out=dyn://POOL``: serve (``in=http``) or chat with (``in=text``) the engines of a
+    pool that nodes joined (``cluster.pools``)."""
+    import asyncio
+
+    from dynask.control_plane.cluster import pools
+
+    pool = pools.pool_name(args.engine)
+    if args.scheduler is None:
+        raise ValueError(
+            f"out=dyn://{pool} serves a cluster's pool: add --scheduler tcp://HOST:8786"
+        )
+    for given, what in (
+        (args.model or args.model_path, "MODEL"),
+        (args.model_name, "--model-name"),
+    ):
+        if given:
+            raise ValueError(
+                f"out=dyn://{pool} serves the pool's model: give {what} to its nodes "
+                f"(dynask run in=dyn://{pool} out=ENGINE MODEL --scheduler ...)"
+            )
+    if args.input not in ("http", "text"):
+        raise ValueError(f"out=dyn://{pool} works with in=http or in=text, not in={args.input}")
+    spec = asyncio.run(_pool_spec(args.scheduler, pool))
+    placement = pools.PoolPlacement([pool])
+    if args.input == "text":
+        return _run_local(
+            args, [spec], 0, spec.model, scheduler=args.scheduler, placement=placement
+        )
+
+    def follow_pool(control_plane: Any) -> list[Any]:
+        control_plane.runtime.use_placement(placement)
+        return []
+
+    return _serve_http(args, [spec], args.scheduler, 0, [follow_pool, *extensions])
+
+
+async def _pool_spec(scheduler: str, pool: str) -> DeploymentSpec:
+    from distributed import Client
+
+    from dynask.control_plane.cluster import pools
+
+    print(f"dynask: waiting for pool '{pool}' on {scheduler} ...", file=sys.stderr, flush=True)
+    async with Client(scheduler, asynchronous=True) as client:  # type: ignore[no-untyped-call]
+        return await pools.wait_for_pool(client, pool)
+
+
 def _run_local(
     args: argparse.Namespace,
     deployments: list[DeploymentSpec],
     n_workers: int,
     model: str | None,
     placements: Sequence[WorkerPlacement] = (),
+    scheduler: str | None = None,
+    placement: PoolPlacement | None = None,
 ) -> int:
     """``in=text`` / ``in=batch``: the serving pipeline over an embedded cluster, no HTTP."""
     import asyncio
@@ -102,7 +165,7 @@ def _run_local(
 
     batch_file = args.input.removeprefix("batch:") if args.input.startswith("batch:") else None
     items = read_batch(batch_file) if batch_file is not None else []  # bad lines fail first
-    options = _server_options(args, scheduler=None, n_workers=n_workers)
+    options = _server_options(args, scheduler=scheduler, n_workers=n_workers)
     _quiet_cluster_logs(args.log_level)
 
     async def session() -> int:
@@ -116,6 +179,8 @@ def _run_local(
             disagg=options.disagg,
             reliability=options.reliability,
             placements=placements,
+            scheduler_address=scheduler,
+            placement=placement,
         ) as pipeline:
             if batch_file is not None:
                 return await run_batch(pipeline, batch_file, items)

@@ -15,6 +15,7 @@ from typing import Any
 
 from dynask.actors.api.outputs import RequestOutput
 from dynask.control_plane.cluster.gpu_placement import WorkerPlacement
+from dynask.control_plane.cluster.pools import PoolPlacement
 from dynask.control_plane.cluster.reconciler import ClusterRuntime
 from dynask.control_plane.disagg.orchestrator import DisaggOptions
 from dynask.control_plane.reliability.options import ReliabilityOptions
@@ -84,13 +85,22 @@ async def local_pipeline(
     disagg: DisaggOptions | None = None,
     reliability: ReliabilityOptions | None = None,
     placements: Sequence[WorkerPlacement] = (),
+    scheduler_address: str | None = None,
+    placement: PoolPlacement | None = None,
 ) -> AsyncIterator[LocalPipeline]:
-    """Starts an embedded cluster with ``deployments`` (returns once their engines are
-    ready) and stops it on the way out."""
+    """Starts an embedded cluster with ``deployments`` (or uses the one at
+    ``scheduler_address``; ``placement``: a pool's, ``out=dyn://POOL``), returns once their
+    engines are ready, and stops them on the way out."""
     service = ServingService(ServingMetrics(), routing, disagg, reliability)
     runtime = ClusterRuntime(
-        service, deployments, scheduler_address=None, n_workers=n_workers, gpu_placements=placements
+        service,
+        deployments,
+        scheduler_address=scheduler_address,
+        n_workers=n_workers,
+        gpu_placements=placements,
     )
+    if placement is not None:
+        runtime.use_placement(placement)
     try:
         await runtime.start()
         model = deployments[0].model_name

@@ -89,6 +89,12 @@ def _add_run(run: argparse.ArgumentParser) -> None:
         help="engines sharing one GPU (default 1: one GPU per worker, round robin; "
         "each gets --gpu-memory-utilization, default 0.9 / N)",
     )
+    run.add_argument(
+        "--scheduler",
+        default=None,
+        help="tcp://HOST:8786, the cluster of in=dyn://POOL (this node joins POOL) or "
+        "out=dyn://POOL (serve POOL's engines)",
+    )
     add_engine_flags(run)
     run.add_argument("--max-tokens", type=int, default=512, help="per reply (in=text/batch)")
     run.add_argument(

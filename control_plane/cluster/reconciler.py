@@ -32,6 +32,7 @@ from dynask.actors.runtime.gpu_discovery import GPUDiscoveryPlugin
 from dynask.control_plane.cluster import adoption as actor_adoption
 from dynask.control_plane.cluster.gpu_placement import PinnedLocalCluster, WorkerPlacement
 from dynask.control_plane.cluster.plan import engine_spec
+from dynask.control_plane.cluster.pools import PoolPlacement
 from dynask.control_plane.reliability.actor_health import ActorHealth
 from dynask.control_plane.serving.actor_handle import ActorHandle
 from dynask.control_plane.serving.readiness import DeploymentReadiness, deployment_readiness
@@ -77,6 +78,11 @@ class ClusterRuntime:
         self._used_names: set[str] = set()
         self._futures: dict[str, Any] = {}  # actor name -> its Dask future
         self.health: ActorHealth | None = None
+        self.placement: PoolPlacement | None = None  # None: any deployment on any worker
+
+    def use_placement(self, placement: PoolPlacement) -> None:
+        """Pools (``dyn://POOL``): their deployments follow their workers (``pools``)."""
+        self.placement = placement
 
     async def start(self) -> None:
         address = self.scheduler_address
@@ -130,10 +136,16 @@ class ClusterRuntime:
         stops the ones no deployment wants any more (scaled down or deleted)."""
         async with self._lock:
             await self._drop_broken()
+            placement = self.placement
+            if placement is not None:
+                self.deployments = placement.wanted(self.deployments, await self._workers())
             await self._stop_surplus()
             for deployment in self.deployments:
                 missing = deployment.replicas - self._count(deployment.name)
-                for worker in (await self._free_workers())[: max(0, missing)]:
+                free = await self._free_workers()
+                if placement is not None:
+                    free = [w for w in free if placement.allows(deployment, w)]
+                for worker in free[: max(0, missing)]:
                     await self._start_actor(deployment, worker)
 
     async def _drop_broken(self) -> None:
@@ -171,13 +183,16 @@ class ClusterRuntime:
     def _count(self, deployment: str) -> int:
         return sum(1 for h in self._handles.values() if h.deployment == deployment)
 
-    async def _free_workers(self) -> list[dict[str, Any]]:
+    async def _workers(self) -> list[dict[str, Any]]:
         assert self.client is not None
         info = await self.client.scheduler.identity(n_workers=-1)  # type: ignore[union-attr]
+        return [{"address": a, **w} for a, w in info["workers"].items()]
+
+    async def _free_workers(self) -> list[dict[str, Any]]:
         used = {h.worker for h in self._handles.values()}
         if self.health is not None:
             used |= set(self.health.quarantined)  # hung: registered, but not answering
-        workers = [{"address": a, **w} for a, w in info["workers"].items() if a not in used]
+        workers = [w for w in await self._workers() if w["address"] not in used]
         return sorted(workers, key=lambda w: str(w["address"]))
 
     async def _start_actor(self, deployment: DeploymentSpec, worker: dict[str, Any]) -> None:

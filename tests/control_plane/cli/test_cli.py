@@ -35,7 +35,8 @@ def test_dynamo_style_arguments_become_flags() -> None:
     [
         (
             ["run", "in=voice"],
-            "in=voice is not an input mode; use one of: in=http, in=text, in=batch:FILE.jsonl",
+            "in=voice is not an input mode; use one of: in=http, in=text, in=batch:FILE.jsonl, "
+            "in=dyn://POOL",
         ),
         (
             ["run", "out=sglang"],

@@ -1,0 +1,134 @@
+"""The seeds' multi-node commands on a real ``dask scheduler`` with real processes:
+``dynask run in=dyn://POOL out=ENGINE`` nodes join, ``in=http out=dyn://POOL`` serves
+them to the ``openai`` client, ``in=text out=dyn://POOL`` chats with them."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from dynask.control_plane.cli.main import main
+from tests.control_plane import server_process as sp
+from tests.control_plane.dask_processes import DaskProcesses
+
+DYNASK = str(sp.BIN / "dynask")
+JOINED = b"this node joined pool 'chat'"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["run", "in=dyn://chat", "out=echo"], "in=dyn://chat joins a cluster: add --scheduler"),
+        (["run", "in=dyn://Chat", "out=echo", "--scheduler", "tcp://h:1"], "'name' has value"),
+        (["run", "in=dyn://", "--scheduler", "tcp://h:1"], "'dyn://' is not a pool address"),
+        (["run", "out=dyn://chat"], "out=dyn://chat serves a cluster's pool: add --scheduler"),
+        (
+            ["run", "m.gguf", "out=dyn://chat", "--scheduler", "tcp://h:1"],
+            "out=dyn://chat serves the pool's model: give MODEL to its nodes",
+        ),
+        (
+            ["run", "in=batch:x.jsonl", "out=dyn://chat", "--scheduler", "tcp://h:1"],
+            "out=dyn://chat works with in=http or in=text, not in=batch:x.jsonl",
+        ),
+        (["run", "out=echo", "--scheduler", "tcp://h:1"], "dynask run --scheduler is for pools"),
+    ],
+)
+def test_wrong_pool_commands_say_what_is_wrong(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[DaskProcesses]:
+    processes = DaskProcesses(tmp_path)
+    processes.start_scheduler()
+    try:
+        yield processes
+    finally:
+        processes.stop_all()
+
+
+def _node(folder: Path, scheduler: str, name: str, engine: str = "echo") -> subprocess.Popen[bytes]:
+    argv = [DYNASK, "run", "in=dyn://chat", f"out={engine}", "--model-name", "chat"]
+    return sp.start([*argv, "--scheduler", scheduler], folder / f"{name}.log")
+
+
+def _wait_for(log: Path, text: bytes, proc: subprocess.Popen[bytes], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if text in log.read_bytes():
+            return
+        if proc.poll() is not None:
+            raise RuntimeError(f"exited with {proc.returncode}:\n{log.read_text()}")
+        time.sleep(0.3)
+    raise TimeoutError(f"no {text!r} after {timeout}s:\n{log.read_text()}")
+
+
+def _engines_become(base: str, count: int, timeout: float = 120) -> list[dict[str, object]]:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        engines = list(httpx.get(f"{base}/v1/engines", timeout=10).json())
+        if len(engines) == count:
+            return engines
+        time.sleep(0.5)
+    raise TimeoutError(f"not {count} engines after {timeout}s: {engines}")
+
+
+@pytest.mark.slow
+def test_nodes_join_a_pool_and_a_front_end_serves_it(
+    cluster: DaskProcesses, tmp_path: Path
+) -> None:
+    first = _node(tmp_path, cluster.address, "node-1")
+    nodes = [first]
+    try:
+        _wait_for(tmp_path / "node-1.log", JOINED, first)
+        front = ["in=http", "out=dyn://chat", "--scheduler", cluster.address]
+        with sp.dynask_run(tmp_path, front) as (base, _):
+            [engine] = _engines_become(base, 1)
+            assert engine["deployment"] == "chat"
+            client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused")
+            reply = client.chat.completions.create(
+                model="chat", messages=[{"role": "user", "content": "hello pool"}]
+            )
+            assert "hello pool" in (reply.choices[0].message.content or "")
+            assert [m.id for m in client.models.list()] == ["chat"]
+
+            second = _node(tmp_path, cluster.address, "node-2")
+            nodes.append(second)
+            _wait_for(tmp_path / "node-2.log", JOINED, second)
+            assert len(_engines_become(base, 2)) == 2  # the new node got an engine
+
+            wrong = _node(tmp_path, cluster.address, "node-3", engine="mocker")
+            assert wrong.wait(timeout=120) == 2
+            assert "pool 'chat' serves bundled:SmolLM2-135M-Instruct with engine echo" in (
+                (tmp_path / "node-3.log").read_text()
+            )
+
+            sp.stop(first)  # Ctrl-C: its worker leaves, its engine is dropped
+            assert first.returncode == 130
+            assert len(_engines_become(base, 1)) == 1
+            again = client.chat.completions.create(
+                model="chat", messages=[{"role": "user", "content": "still here"}]
+            )
+            assert "still here" in (again.choices[0].message.content or "")
+        chat = subprocess.run(
+            [DYNASK, "run", "in=text", "out=dyn://chat", "--scheduler", cluster.address],
+            input="talk to the pool\nexit\n",
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert chat.returncode == 0, chat.stderr
+        assert "model> " in chat.stdout and "talk to the pool" in chat.stdout.split("model> ")[1]
+    finally:
+        for node in nodes:
+            sp.stop(node)

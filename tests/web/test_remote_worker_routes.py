@@ -1,0 +1,77 @@
+"""The remote workers page's routes: login, CSRF, the form's checks (no SSH reached)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from starlette.applications import Starlette
+from starlette.testclient import TestClient
+
+from dynask.control_plane.cluster.remote_workers import RemoteWorkers, SSHSettings
+from dynask.web.mount import admin_routes
+from tests.web.admin_stack import AdminStack, log_in
+
+
+@pytest.fixture
+def client(stack: AdminStack, tmp_path: Path) -> Iterator[TestClient]:
+    settings = SSHSettings(tmp_path / "known_hosts", None)
+    remote = RemoteWorkers(stack.deps.cluster, stack.deps.repo, settings)
+    deps = dataclasses.replace(stack.deps, remote_workers=remote)
+    app = Starlette(routes=admin_routes(deps, "test-secret"))
+    with TestClient(app, follow_redirects=False) as made:
+        yield made
+
+
+def _form(csrf: str, **values: str) -> dict[str, str]:
+    return {
+        "csrf_token": csrf,
+        "host": "gpu-1",
+        "port": "22",
+        "user": "ops",
+        "gpus": "2",
+        "environment": "/opt/venv",
+        **values,
+    }
+
+
+def test_the_page_needs_a_login(client: TestClient) -> None:
+    response = client.get("/admin/workers/remote", headers={"accept": "text/html"})
+    assert response.status_code == 303
+    assert response.headers["location"] == "/admin/login?next=/admin/workers/remote"
+
+
+def test_adding_needs_the_csrf_token(client: TestClient) -> None:
+    log_in(client)
+    response = client.post("/admin/workers/remote", data=_form("forged"))
+    assert response.status_code == 403
+    assert response.json()["error"]["message"].startswith("CSRF token invalid")
+
+
+def test_wrong_fields_come_back_named(client: TestClient) -> None:
+    csrf = log_in(client)
+    response = client.post("/admin/workers/remote", data=_form(csrf, port="x", gpus="99", user=""))
+    assert response.status_code == 400
+    assert "&#39;x&#39; is not an integer from 1 to 65535" in response.text
+    assert 'id="error-user">required<' in response.text
+    assert 'value="gpu-1"' in response.text  # what was typed is kept
+    response = client.post("/admin/workers/remote", data=_form(csrf, gpus="99"))
+    assert "Remote worker &#39;gpus&#39; has value 99; expected an integer from 0 to 16" in (
+        response.text
+    )
+
+
+def test_a_cluster_that_is_not_started_refuses(client: TestClient) -> None:
+    csrf = log_in(client)
+    response = client.post("/admin/workers/remote", data=_form(csrf))
+    assert response.status_code == 400
+    assert "the cluster is still starting; try again in a moment" in response.text
+
+
+def test_retiring_an_unknown_worker_is_a_flash(client: TestClient) -> None:
+    csrf = log_in(client)
+    response = client.post("/admin/workers/remote/7/retire", data={"csrf_token": csrf})
+    assert (response.status_code, response.headers["location"]) == (303, "/admin/workers/remote")
+    assert "no remote worker has the id 7" in client.get("/admin/workers/remote").text

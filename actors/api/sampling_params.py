@@ -50,6 +50,10 @@ class SamplingParams:
     # Logprobs after the draw (``actors.engine.logits.logprobs``): None = none; k = the chosen
     # token's logprob and the k most likely tokens' (0: the chosen token's only).
     logprobs: int | None = None
+    # A migrated request's prompt ends with this many tokens it generated before the move
+    # (``control_plane.reliability.migration``): the penalties and ``min_tokens`` count them
+    # as output, so the continuation is drawn as the undisturbed request's would have been.
+    output_in_prompt: int = 0
 
     def __post_init__(self) -> None:
         # Callers across a wire hand over lists (msgpack, JSON) or one bare stop string.
@@ -82,6 +86,8 @@ class SamplingParams:
             self.logit_bias,
             "biases in [-100, 100]",
         )
+        shown = self.output_in_prompt
+        _require(shown >= 0, "output_in_prompt", shown, "an integer >= 0")
         logprobs = self.logprobs
         _require(logprobs is None or 0 <= logprobs <= MAX_LOGPROBS, "logprobs", logprobs, _LP)
 

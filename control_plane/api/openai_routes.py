@@ -44,7 +44,8 @@ from dynask.control_plane.api.tools.tool_request import parse_tool_request
 from dynask.control_plane.serving.admitted_request import AdmittedRequest
 from dynask.control_plane.serving.errors import ServingError
 from dynask.control_plane.serving.request import GenerationRequest, PreparedRequest
-from dynask.control_plane.serving.service import ServingService
+from dynask.control_plane.serving.service import PRIORITY_HEADER, ServingService
+from dynask.control_plane.serving.tenants import Tenant
 
 log = logging.getLogger(__name__)
 
@@ -142,13 +143,14 @@ async def _serve(
     if service.request_hook is not None:  # an inference graph's custom Processor
         parsed = await service.request_hook(parsed)
     check_sampling_support(service.model(parsed.model), parsed)
+    tenant = request_tenant(service, request, parsed.user)
+    service.refuse_early(tenant)  # before the costly templating: a noisy tenant is cheap
     plan = None
     if parsed.messages is not None:  # tools and the template: the prompt as token ids
         tools = parse_tool_request(body)
         parsed, plan = await asyncio.to_thread(
             render_chat_request, service, parsed, tools, chat_options
         )
-    tenant = service.tenant(request.scope.get("state", {}).get("tenant"), parsed.user)
     if parsed.n > 1 or parsed.best_of > 1 or len(parsed.prompts) > 1 or parsed.echo:
         follow = _follower(service, started)
         return await serve_choices(service, parsed, fmt, follow, plan, tenant)
@@ -156,7 +158,7 @@ async def _serve(
     prepared = await asyncio.to_thread(service.prepare, parsed, fmt.id_prefix)
     texts = TokenTexts(prepared.model.tokenizer)
     formatter = fmt(prepared.request_id, parsed.model, texts, plan=plan)
-    admitted = service.admit(prepared, tenant)  # before any response: a 503 stays a 503
+    admitted = await service.enter(prepared, tenant)  # before any response: 503 stays 503
     metrics = service.metrics
     metrics.input_tokens.labels(parsed.model).inc(len(prepared.prompt_ids))
     if parsed.stream:  # on_close: a body that never started still gives everything back
@@ -165,6 +167,13 @@ async def _serve(
     with admitted:
         outputs = [o async for batch in tracked_outputs(service, admitted, started) for o in batch]
     return JSONResponse(formatter.whole([outputs], outputs[-1].usage))
+
+
+def request_tenant(service: ServingService, request: Request, user: str | None) -> Tenant:
+    """The tenant of an HTTP request: its API key (``RequireApiKey`` put it in the scope's
+    state), else its ``user``; the priority header may lower its class."""
+    key = request.scope.get("state", {}).get("tenant")
+    return service.tenant(key, user, request.headers.get(PRIORITY_HEADER))
 
 
 def _follower(

@@ -13,6 +13,10 @@ Design decisions:
   Text the lost engine held back as a possible stop-string prefix is rebuilt with the
   tokenizer and joined to the next attempt's text, where a stop string that straddles
   the migration point still ends the request (``resume_text``).
+- Penalties and ``min_tokens`` go on where they were: the resumed request says how many
+  tokens at the end of its prompt it generated itself (``output_in_prompt``), and the
+  engine counts them as output (the presence and frequency penalties count output tokens
+  only, so without it they would start again from zero after a move).
 - Sampled requests move too. The built-in engine draws each token from a generator
   seeded by (request seed, position), so a greedy or *seeded* request continues exactly
   as it would have on the lost actor. An unseeded sampled request continues from the
@@ -211,12 +215,16 @@ class RequestMigration:
         lost: str,
     ) -> Placement:
         # A grammar replays the tokens the client has (they end the resumed prompt).
-        params = _grammar_resumed(original.params, len(progress.sent))
+        # The penalties and min_tokens count them as output (``output_in_prompt``).
+        shown = len(progress.sent)
+        params = _grammar_resumed(original.params, shown)
         resumed = dataclasses.replace(
             original,
             request_id=f"{original.request_id}-m{moves}",
             prompt_ids=progress.resume_prompt() if progress.sent else original.prompt_ids,
-            params=dataclasses.replace(params, max_tokens=progress.remaining),
+            params=dataclasses.replace(
+                params, max_tokens=progress.remaining, output_in_prompt=shown
+            ),
         )
         deadline = time.monotonic() + self.options.migration_wait_s
         tries = 0

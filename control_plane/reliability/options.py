@@ -2,7 +2,7 @@
 
 Its fields declare their CLI flags (``--migration-limit``, ``--heartbeat-interval``,
 ``--heartbeat-timeout``, ``--engine-stall-timeout``, ``--max-in-flight``,
-``--max-queued-prefill-tokens``; see ``control_plane.flags``); the service (migration,
+``--max-queued-prefill-tokens``, ``--admission-wait``; see ``control_plane.flags``); the service (migration,
 admission) and the cluster runtime (actor health) read it.
 """
 
@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dynask.control_plane.flags import flag, limit, non_negative_int, seconds
+from dynask.control_plane.flags import flag, limit, non_negative_float, non_negative_int, seconds
 
 DEFAULT_MAX_IN_FLIGHT = 4096
 DEFAULT_MAX_QUEUED_PREFILL_TOKENS = 2**21  # ~2M prompt tokens waiting for their first token
+DEFAULT_ADMISSION_WAIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,13 @@ class ReliabilityOptions:
         "{default}; 'none': no limit)",
         type=limit,
     )
+    admission_wait_s: float = flag(  # at --max-in-flight: how long a request waits its turn
+        "--admission-wait",
+        DEFAULT_ADMISSION_WAIT_S,
+        "at --max-in-flight, a request waits this long for a slot, in weighted fair order "
+        "of priority classes and tenants, before its 503 (default {default:g}; 0: at once)",
+        type=non_negative_float,
+    )
 
     def __post_init__(self) -> None:
         _check_int("migration_limit", self.migration_limit, minimum=0)
@@ -78,6 +86,11 @@ class ReliabilityOptions:
             raise ValueError(
                 f"ReliabilityOptions.heartbeat_timeout_s ({self.heartbeat_timeout_s!r}) must be "
                 f"longer than heartbeat_interval_s ({self.heartbeat_interval_s!r})"
+            )
+        wait = self.admission_wait_s
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait < 1e9:
+            raise ValueError(
+                f"ReliabilityOptions.admission_wait_s has value {wait!r}; expected a number >= 0"
             )
         for name in ("max_in_flight", "max_queued_prefill_tokens"):
             value = getattr(self, name)

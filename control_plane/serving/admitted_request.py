@@ -47,13 +47,54 @@ class AdmittedRequest:
         """Takes the request's place in its tenant's limits, its admission slot, then
         places it (on ``beside``'s actor, for a sibling choice); raises the
         ``TenantLimitError``, ``AdmissionRefusedError`` or ``UnavailableError`` that
-        refused it (holding nothing then)."""
-        request_id, prompt_tokens = prepared.request_id, len(prepared.prompt_ids)
-        if tenant is not None:
-            tokens = prompt_tokens + prepared.params.max_tokens
-            tenant.take(request_id, tokens, admission.in_flight, admission.max_in_flight)
+        refused it (holding nothing then). At ``--max-in-flight`` it is refused at once;
+        ``enter`` waits its turn instead."""
+        cls._take_tenant(prepared, admission, tenant)
+        return cls._admit_taken(prepared, admission, placer, tenant, beside, reserved=False)
+
+    @classmethod
+    async def enter(
+        cls,
+        prepared: PreparedRequest,
+        admission: Admission,
+        placer: Placer,
+        tenant: TenantSlot | None = None,
+        beside: AdmittedRequest | None = None,
+    ) -> AdmittedRequest:
+        """``admit``, but at ``--max-in-flight`` the request waits for a slot in weighted
+        fair order (``Admission.turn``), counted against its tenant's limits meanwhile."""
+        cls._take_tenant(prepared, admission, tenant)
         try:
-            admission.admit(request_id, prompt_tokens)
+            priority = tenant.tenant.limits.priority if tenant is not None else "normal"
+            name = tenant.tenant.name if tenant is not None else ""
+            reserved = await admission.turn(priority, name)
+        except BaseException:
+            if tenant is not None:
+                tenant.release(prepared.request_id)
+            raise
+        return cls._admit_taken(prepared, admission, placer, tenant, beside, reserved)
+
+    @staticmethod
+    def _take_tenant(
+        prepared: PreparedRequest, admission: Admission, tenant: TenantSlot | None
+    ) -> None:
+        if tenant is not None:
+            tokens = len(prepared.prompt_ids) + prepared.params.max_tokens
+            tenant.take(prepared.request_id, tokens)
+
+    @classmethod
+    def _admit_taken(
+        cls,
+        prepared: PreparedRequest,
+        admission: Admission,
+        placer: Placer,
+        tenant: TenantSlot | None,
+        beside: AdmittedRequest | None,
+        reserved: bool,
+    ) -> AdmittedRequest:
+        request_id = prepared.request_id
+        try:
+            admission.admit(request_id, len(prepared.prompt_ids), reserved)
         except BaseException:
             if tenant is not None:
                 tenant.release(request_id)

@@ -39,7 +39,7 @@ _DECISION_BUCKETS = (5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2.5e-3, 1
 _BLOCK_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 
 # Label values known in advance (their counters start at 0).
-ADMISSION_LIMITS = ("in_flight", "prefill_tokens")
+ADMISSION_LIMITS = ("in_flight", "queue_full", "queue_wait", "prefill_tokens")
 LOSS_REASONS = ("stream_closed", "heartbeat", "engine_stalled", "scheduler")
 MIGRATION_REFUSALS = ("limit", "sampled", "no_engine")
 # DisaggOrchestrator.counters keys: where a request's prefill ran and why.
@@ -227,14 +227,15 @@ class ServingMetrics:
         )
         self.admission_refused = Counter(
             "dynask_admission_refused",
-            "Requests answered 503 at an admission limit (in_flight, prefill_tokens)",
+            "Requests answered 503 at an admission limit (in_flight, queue_full, queue_wait, "
+            "prefill_tokens)",
             ["limit"],
             registry=r,
         )
         self.tenant_requests = Counter(
             "dynask_tenant_requests",
-            "Requests by tenant (API key or user) and outcome: admitted, a limit's name "
-            "(answered 429), or shed (503 for its priority class)",
+            "Requests by tenant (API key or user) and outcome: admitted, or a limit's name "
+            "(answered 429)",
             ["tenant", "outcome"],
             registry=r,
         )
@@ -245,6 +246,19 @@ class ServingMetrics:
             "dynask_tenant_admitted_tokens",
             "Prompt + max_tokens of the requests admitted, by tenant",
             ["tenant"],
+            registry=r,
+        )
+        self.admission_wait = Histogram(
+            "dynask_admission_wait_seconds",
+            "Time requests waited for a slot at --max-in-flight, by tenant and priority class",
+            ["tenant", "priority"],
+            buckets=_TTFT_BUCKETS,
+            registry=r,
+        )
+        self.admission_waiting = Gauge(
+            "dynask_admission_waiting",
+            "Requests waiting for a slot at --max-in-flight, by priority class",
+            ["priority"],
             registry=r,
         )
         for limit in ADMISSION_LIMITS:

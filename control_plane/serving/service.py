@@ -13,7 +13,9 @@ and the terminal front ends (``in=text``, ``in=batch``) print them.
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -40,8 +42,8 @@ from dynask.control_plane.serving.metrics import ServingMetrics
 from dynask.control_plane.serving.placer import Placer
 from dynask.control_plane.serving.request import GenerationRequest, PreparedRequest, ServedModel
 from dynask.control_plane.serving.structured_output_support import refuse_unless_served
-from dynask.control_plane.serving.tenants import ANONYMOUS, Tenant, TenantGate
-from dynask.control_plane.state.api_keys import KeyTenant, TenantLimits
+from dynask.control_plane.serving.tenants import ANONYMOUS, Tenant, TenantGate, TenantLimitError
+from dynask.control_plane.state.api_keys import PRIORITIES, KeyTenant, TenantLimits
 
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # OpenAI's code for a context overflow
 # A prompt is refused before tokenizing when its text, at this many bytes per token (about
@@ -50,6 +52,7 @@ CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # OpenAI's code for a conte
 BYTES_PER_TOKEN = 4
 OBVIOUSLY_TOO_LONG = 4
 QUOTED_CHARS = 80
+PRIORITY_HEADER = "x-dynask-priority"
 
 
 class ServingService:
@@ -74,7 +77,9 @@ class ServingService:
         self.reliability = reliability or ReliabilityOptions()
         self.models: dict[str, ServedModel] = {}
         self.admission = Admission(
-            self.reliability.max_in_flight, self.reliability.max_queued_prefill_tokens
+            self.reliability.max_in_flight,
+            self.reliability.max_queued_prefill_tokens,
+            self.reliability.admission_wait_s,
         )
         self.placer = Placer(self.disagg, metrics, self.tracer)
         self.migration = RequestMigration(self.reliability, metrics, self.placer)
@@ -197,12 +202,40 @@ class ServingService:
             )
         return prompt
 
-    def tenant(self, key: KeyTenant | None, user: str | None) -> Tenant:
+    def tenant(
+        self, key: KeyTenant | None, user: str | None, asked_priority: str | None = None
+    ) -> Tenant:
         """Who a request counts against: its API key, else its ``user`` field, else
-        ``anonymous`` (the last two with the server's default limits)."""
+        ``anonymous`` (the last two with the server's default limits). ``asked_priority``
+        (the ``x-dynask-priority`` header) may lower the tenant's priority class, never
+        raise it: a key's class is what its owner is trusted with; a high key's batch
+        job asks for ``low``. An unknown class is a 400 naming the header."""
         if key is not None:
-            return Tenant(key.name, key.limits)
-        return Tenant(f"user:{user}" if user else ANONYMOUS, self.tenant_defaults)
+            tenant = Tenant(key.name, key.limits)
+        else:
+            tenant = Tenant(f"user:{user}" if user else ANONYMOUS, self.tenant_defaults)
+        if asked_priority is None:
+            return tenant
+        asked = asked_priority.strip().lower()
+        if asked not in PRIORITIES:
+            raise InvalidRequestError(
+                PRIORITY_HEADER,
+                f"the header {PRIORITY_HEADER} has value {_quoted(asked_priority)}; expected "
+                "one of " + ", ".join(PRIORITIES),
+            )
+        own = tenant.limits.priority
+        if PRIORITIES.index(asked) <= PRIORITIES.index(own):
+            return tenant  # the same class, or higher than the key allows: its own
+        return Tenant(tenant.name, dataclasses.replace(tenant.limits, priority=asked))
+
+    def refuse_early(self, tenant: Tenant) -> None:
+        """A ``TenantLimitError`` (429) if ``tenant`` is over a limit whatever the request:
+        called before templating and tokenizing, so refusing a noisy tenant is cheap."""
+        try:
+            self.tenants.refuse_early(tenant)
+        except TenantLimitError as exc:
+            self.metrics.tenant_requests.labels(tenant.name, exc.limit).inc()
+            raise
 
     def admit(
         self,
@@ -211,10 +244,9 @@ class ServingService:
         beside: AdmittedRequest | None = None,
     ) -> AdmittedRequest:
         """Admits the request and places it on an actor (``beside``'s, for a sibling
-        choice); a ``TenantLimitError`` (a 429
-        over HTTP) when its tenant is over a limit, an ``UnavailableError`` (a 503) at an
-        admission limit (or its priority class's band of it), when no actor is ready or
-        every one is at an overload threshold."""
+        choice); a ``TenantLimitError`` (a 429 over HTTP) when its tenant is over a
+        limit, an ``UnavailableError`` (a 503) at an admission limit, when no actor is
+        ready or every one is at an overload threshold. Never waits (``enter`` does)."""
         tenant = tenant or Tenant(ANONYMOUS, self.tenant_defaults)
         try:
             return AdmittedRequest.admit(
@@ -227,6 +259,36 @@ class ServingService:
         except AdmissionRefusedError as exc:
             self.metrics.admission_refused.labels(exc.limit).inc()
             raise
+
+    async def enter(
+        self,
+        prepared: PreparedRequest,
+        tenant: Tenant | None = None,
+        beside: AdmittedRequest | None = None,
+    ) -> AdmittedRequest:
+        """``admit``, except that at ``--max-in-flight`` the request waits (up to
+        ``--admission-wait``) for a slot, in weighted fair order of priority classes and
+        tenants (``Admission.turn``). What the HTTP front ends call."""
+        tenant = tenant or Tenant(ANONYMOUS, self.tenant_defaults)
+        priority, waited_from = tenant.limits.priority, time.monotonic()
+        waiting = self.metrics.admission_waiting.labels(priority)
+        waiting.inc()
+        try:
+            admitted = await AdmittedRequest.enter(
+                prepared,
+                self.admission,
+                self.placer,
+                self.tenants.slot(tenant, self.metrics),
+                beside,
+            )
+        except AdmissionRefusedError as exc:
+            self.metrics.admission_refused.labels(exc.limit).inc()
+            raise
+        finally:
+            waiting.dec()
+        wait = time.monotonic() - waited_from
+        self.metrics.admission_wait.labels(tenant.name, priority).observe(wait)
+        return admitted
 
     async def generate(self, admitted: AdmittedRequest) -> AsyncIterator[list[RequestOutput]]:
         """Yields the admitted request's deltas (as they arrive, in batches), then releases

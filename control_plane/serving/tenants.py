@@ -11,11 +11,16 @@ Design decisions:
   tokens/minute (prompt + ``max_tokens`` of each request admitted in the last 60 s: what
   the request may cost, known before it runs). A tenant over its limit is refused; the
   others keep their share.
-- Priority classes shed load in bands before the global limit: when the server has
-  ``LOW_BAND`` of ``--max-in-flight`` requests in flight, ``low`` requests get 503;
-  ``normal`` and ``high`` ones only at the limit itself (a band for ``normal`` would
-  quietly lower ``--max-in-flight`` for every tenant that sets nothing). Bands, not
-  weighted fair queuing: admission does not queue, it answers at once.
+- Cheap first: ``refuse_early`` answers a tenant already over its concurrency, rate or
+  token limit before its request is templated and tokenized (the costly part of a
+  request before admission, run in a worker thread but holding the GIL most of the
+  time), so a noisy tenant's refused requests cost the server almost nothing. The exact
+  check (with the request's tokens) is ``admit``'s, after tokenizing.
+- Priority classes (``high``, ``normal``, ``low``: on the key, or the
+  ``x-dynask-priority`` header for a trusted caller) do not change the tenant's limits:
+  they weigh its turn when the server is at ``--max-in-flight`` and requests wait
+  (``admission``, ``fair_queue``). A tenant's waiting requests count against its
+  concurrency limit, so one tenant cannot fill the queue either.
 - Counting is O(1) per request on the event loop, except the tokens/minute window
   (one deque entry per request of the last minute).
 """
@@ -29,12 +34,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dynask.control_plane.flags import flag, positive_int
-from dynask.control_plane.serving.errors import ServingError, UnavailableError
+from dynask.control_plane.serving.errors import ServingError
 from dynask.control_plane.serving.metrics import ServingMetrics
 from dynask.control_plane.state.api_keys import TenantLimits
 
 WINDOW_S = 60.0
-LOW_BAND = 0.5  # of --max-in-flight: from it on, low-priority requests are shed
 ANONYMOUS = "anonymous"
 
 
@@ -108,12 +112,36 @@ class TenantGate:
         usage = self._usage.get(tenant)
         return len(usage.in_flight) if usage else 0
 
+    def refuse_early(self, tenant: Tenant) -> None:
+        """Raises the ``TenantLimitError`` ``admit`` would raise for any request of
+        ``tenant`` now, whatever its size; counts nothing. Cheap: call it first."""
+        usage = self._usage.get(tenant.name)
+        if usage is not None:
+            refusal = self._refusal(tenant, usage, 1, self._clock())
+            if refusal is not None:
+                raise refusal
+
     def admit(self, request_id: str, tenant: Tenant, tokens: int) -> None:
         """Counts the request against ``tenant``, or raises ``TenantLimitError``."""
         limits, now = tenant.limits, self._clock()
         usage = self._usage.setdefault(tenant.name, _Usage(bucket_at=now))
+        refusal = self._refusal(tenant, usage, tokens, now)
+        if refusal is not None:
+            raise refusal
+        if limits.requests_per_s is not None:
+            usage.bucket -= 1.0
+        usage.window.append((now, tokens))
+        usage.window_tokens += tokens
+        usage.in_flight.add(request_id)
+        self._owner[request_id] = tenant.name
+        self._observe(tenant.name, len(usage.in_flight))
+
+    def _refusal(
+        self, tenant: Tenant, usage: _Usage, tokens: int, now: float
+    ) -> TenantLimitError | None:
+        limits = tenant.limits
         if limits.max_concurrent is not None and len(usage.in_flight) >= limits.max_concurrent:
-            raise TenantLimitError(
+            return TenantLimitError(
                 f"tenant {tenant.name!r} has {len(usage.in_flight)} requests in flight, its "
                 f"limit ({limits.max_concurrent} concurrent); retry when one ends",
                 "max_concurrent",
@@ -123,7 +151,7 @@ class TenantGate:
             self._refill(usage, limits.requests_per_s, now)
             if usage.bucket < 1.0:
                 wait = (1.0 - usage.bucket) / limits.requests_per_s
-                raise TenantLimitError(
+                return TenantLimitError(
                     f"tenant {tenant.name!r} is over its rate limit "
                     f"({limits.requests_per_s:g} requests/s); retry in {wait:.2f} s",
                     "requests_per_s",
@@ -133,20 +161,14 @@ class TenantGate:
             self._expire(usage, now)
             if usage.window_tokens and usage.window_tokens + tokens > limits.tokens_per_minute:
                 wait = self._tokens_free_in(usage, tokens, limits.tokens_per_minute, now)
-                raise TenantLimitError(
+                return TenantLimitError(
                     f"tenant {tenant.name!r} has used {usage.window_tokens} tokens in the last "
                     f"minute and this request may use {tokens} (prompt + max_tokens), over its "
                     f"limit ({limits.tokens_per_minute} tokens/minute); retry in {wait:.0f} s",
                     "tokens_per_minute",
                     wait,
                 )
-        if limits.requests_per_s is not None:
-            usage.bucket -= 1.0
-        usage.window.append((now, tokens))
-        usage.window_tokens += tokens
-        usage.in_flight.add(request_id)
-        self._owner[request_id] = tenant.name
-        self._observe(tenant.name, len(usage.in_flight))
+        return None
 
     def slot(self, tenant: Tenant, metrics: ServingMetrics) -> TenantSlot:
         """What ``AdmittedRequest`` takes for one request of ``tenant`` (and gives back)."""
@@ -190,19 +212,10 @@ class TenantSlot:
     tenant: Tenant
     metrics: ServingMetrics
 
-    def take(self, request_id: str, tokens: int, in_flight: int, limit: int | None) -> None:
-        """Counts the request (``in_flight`` of ``limit`` requests are in the server); a
-        ``TenantLimitError`` or, for a shed priority class, an ``UnavailableError``."""
-        name, priority = self.tenant.name, self.tenant.limits.priority
+    def take(self, request_id: str, tokens: int) -> None:
+        """Counts the request against its tenant's limits, or raises ``TenantLimitError``."""
+        name = self.tenant.name
         counted = self.metrics.tenant_requests
-        if shed_priority(priority, in_flight, limit):
-            counted.labels(name, "shed").inc()
-            raise UnavailableError(
-                f"the server has {in_flight} of its {limit} requests in flight and sheds "
-                f"{priority}-priority requests at this load; retry shortly",
-                code="overloaded",
-                retry_after_s=1,
-            )
         try:
             self.gate.admit(request_id, self.tenant, tokens)
         except TenantLimitError as exc:
@@ -213,10 +226,3 @@ class TenantSlot:
 
     def release(self, request_id: str) -> None:
         self.gate.release(request_id)
-
-
-def shed_priority(priority: str, in_flight: int, max_in_flight: int | None) -> bool:
-    """True if a request of class ``priority`` is shed at ``in_flight`` requests."""
-    if max_in_flight is None or priority != "low":
-        return False  # normal and high: only the global limit (``Admission``) sheds them
-    return in_flight >= math.ceil(LOW_BAND * max_in_flight)

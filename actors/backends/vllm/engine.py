@@ -337,7 +337,10 @@ def _vllm_sampling(progress: RequestProgress) -> Any:
         frequency_penalty=params.frequency_penalty,
         repetition_penalty=params.repetition_penalty,
         logit_bias=dict(params.logit_bias) or None,
-        min_tokens=params.min_tokens,
+        # vLLM counts its own output only: a migrated request's shown tokens (the tail of
+        # its prompt) count towards min_tokens here; its penalties restart (not fixable
+        # from outside vLLM's sampler).
+        min_tokens=max(0, params.min_tokens - params.output_in_prompt),
         logprobs=params.logprobs,
         detokenize=False,
         output_kind=RequestOutputKind.DELTA,

@@ -43,6 +43,10 @@ class TokenCounts:
         cls, prompt: list[int], params: SamplingParams, vocab: int, device: torch.device
     ) -> TokenCounts:
         counts = torch.zeros(vocab, dtype=torch.float32, device=device)
+        shown = prompt[len(prompt) - params.output_in_prompt :] if params.output_in_prompt else []
+        if shown:  # generated before a migration: counted as output
+            ids = torch.tensor(shown, dtype=torch.long, device=device)
+            counts.index_add_(0, ids, torch.ones(len(shown), device=device))
         seen = None
         if params.repetition_penalty != 1.0:
             seen = torch.zeros(vocab, dtype=torch.bool, device=device)
@@ -94,7 +98,7 @@ def process_logits(
 def _process_row(scores: torch.Tensor, row: LogitsRow, eos_token_ids: tuple[int, ...]) -> None:
     """Processes one row in place (a view into the step's processed copy)."""
     params = row.params
-    if len(row.output_token_ids) < params.min_tokens:
+    if len(row.output_token_ids) + params.output_in_prompt < params.min_tokens:
         banned = [t for t in (*eos_token_ids, *params.stop_token_ids) if 0 <= t < scores.shape[0]]
         if banned:
             scores[torch.tensor(banned, dtype=torch.long, device=scores.device)] = float("-inf")

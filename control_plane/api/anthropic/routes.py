@@ -23,7 +23,7 @@ from dynask.control_plane.api.anthropic.request import parse_messages
 from dynask.control_plane.api.chat_output import ChatOptions, ChatPlan, plan_chat
 from dynask.control_plane.api.chat_prompt import render_chat_request
 from dynask.control_plane.api.errors import APIError, from_serving
-from dynask.control_plane.api.openai_routes import read_json, tracked_outputs
+from dynask.control_plane.api.openai_routes import read_json, request_tenant, tracked_outputs
 from dynask.control_plane.api.openapi_document import ApiRoute, Operation
 from dynask.control_plane.api.request_schema import parse_chat
 from dynask.control_plane.api.sse import TokenEventResponse
@@ -104,12 +104,14 @@ async def _messages(service: ServingService, options: ChatOptions, request: Requ
     parsed = parse_messages(await read_json(request))
     body = parsed.chat_body
     # templating and tokenizing take a CPU second per MB of text: not on the event loop
+    chat_request = parse_chat(body)
+    tenant = request_tenant(service, request, chat_request.user)
+    service.refuse_early(tenant)  # before the costly templating: a noisy tenant is cheap
     chat, plan = await asyncio.to_thread(
-        render_chat_request, service, parse_chat(body), parse_tool_request(body), options
+        render_chat_request, service, chat_request, parse_tool_request(body), options
     )
     prepared = await asyncio.to_thread(service.prepare, chat, "msg")
-    key_tenant = request.scope.get("state", {}).get("tenant")
-    admitted = service.admit(prepared, service.tenant(key_tenant, chat.user))
+    admitted = await service.enter(prepared, tenant)
     message_id = "msg_" + prepared.request_id.split("-", 1)[1]
     writer = MessageWriter(message_id, parsed.model, len(prepared.prompt_ids))
     reply = _Reply(admitted, plan, writer)

@@ -27,7 +27,7 @@ from dynask.actors.api.outputs import RequestOutput
 from dynask.control_plane.api.chat_output import ChatOptions, ChatOutputParser, ChatPlan
 from dynask.control_plane.api.chat_prompt import render_chat_request
 from dynask.control_plane.api.errors import APIError, from_serving
-from dynask.control_plane.api.openai_routes import read_json, tracked_outputs
+from dynask.control_plane.api.openai_routes import read_json, request_tenant, tracked_outputs
 from dynask.control_plane.api.openapi_document import ApiRoute, Operation
 from dynask.control_plane.api.request_schema import parse_chat
 from dynask.control_plane.api.responses.items import ResponseWriter, output_messages
@@ -158,12 +158,14 @@ async def _create(
     system = [{"role": "system", "content": parsed.instructions}] if parsed.instructions else []
     body = {**parsed.chat_body, "messages": [*system, *conversation]}
     # templating and tokenizing take a CPU second per MB of text: not on the event loop
+    chat_request = parse_chat(body)
+    tenant = request_tenant(service, request, chat_request.user)
+    service.refuse_early(tenant)  # before the costly templating: a noisy tenant is cheap
     chat, plan = await asyncio.to_thread(
-        render_chat_request, service, parse_chat(body), parse_tool_request(body), options
+        render_chat_request, service, chat_request, parse_tool_request(body), options
     )
     prepared = await asyncio.to_thread(service.prepare, chat, "resp")
-    key_tenant = request.scope.get("state", {}).get("tenant")
-    admitted = service.admit(prepared, service.tenant(key_tenant, chat.user))
+    admitted = await service.enter(prepared, tenant)
     exchange = _Exchange(parsed, conversation, admitted, plan, store)
     if parsed.stream:
         events = _stream(service, exchange, started)

@@ -6,6 +6,7 @@ Each feature is checked against a reference computed here from transformers' own
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,36 @@ def test_processing_matches_the_reference(
     [stream] = engine.generate([prompt], params)
     assert stream.token_ids == reference_greedy(reference, prompt, params)
     assert stream.token_ids != engine.generate([prompt], greedy())[0].token_ids  # it changed
+
+
+def test_a_resumed_request_continues_its_penalties_exactly(engine: LLMEngine) -> None:
+    """A migrated request (prompt + the tokens shown, ``output_in_prompt``) continues
+    token for token as the undisturbed one, wherever it moved; without the count its
+    presence and frequency penalties restart and the output changes."""
+    prompt = prompts_of_lengths([7], seed=0)[0]  # its greedy output repeats a token
+    features = {"presence_penalty": 1.5, "frequency_penalty": 0.8}
+    [whole] = engine.generate([prompt], greedy(**features))
+    restarted_differs = []
+    for shown in range(1, MAX_TOKENS):
+        resumed_prompt = prompt + whole.token_ids[:shown]
+        rest = SamplingParams(
+            max_tokens=MAX_TOKENS - shown, temperature=0.0, ignore_eos=True, **features
+        )
+        [resumed] = engine.generate([resumed_prompt], replace(rest, output_in_prompt=shown))
+        [restarted] = engine.generate([resumed_prompt], rest)
+        assert resumed.token_ids == whole.token_ids[shown:], shown
+        restarted_differs.append(restarted.token_ids != whole.token_ids[shown:])
+    assert any(restarted_differs)  # the bug this guards shows on this prompt
+
+
+def test_min_tokens_counts_the_tokens_shown_before_a_move(engine: LLMEngine) -> None:
+    eos = engine.parts.eos_token_ids[0]
+    prompt = prompts_of_lengths([5], seed=5)[0]
+    forced = ((eos, 50.0),)
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, logit_bias=forced, min_tokens=4)
+    [resumed] = engine.generate([prompt + [11, 12, 13]], replace(params, output_in_prompt=3))
+    # 3 shown + 1 masked make min_tokens 4: EOS comes next (the undisturbed run's 5th).
+    assert len(resumed.token_ids) == 2 and resumed.token_ids[-1] == eos
 
 
 def test_logprobs_report_the_processed_logits(engine: LLMEngine, reference: Any) -> None:

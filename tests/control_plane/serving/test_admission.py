@@ -65,6 +65,88 @@ def test_a_request_is_admitted_once() -> None:
         admission.admit("a", 1)
 
 
+def test_waiters_get_freed_slots_in_weighted_fair_order() -> None:
+    async def main() -> list[str]:
+        admission = Admission(1, None, wait_s=5.0, max_waiting=5)
+        admission.admit("running", 1)
+        order: list[str] = []
+
+        async def request(name: str, priority: str, tenant: str) -> None:
+            reserved = await admission.turn(priority, tenant)
+            assert reserved
+            admission.admit(name, 1, reserved)
+            order.append(name)
+
+        waiters = [
+            asyncio.create_task(request(name, priority, tenant))
+            for name, priority, tenant in [
+                ("low-a", "low", "a"),
+                ("normal-b1", "normal", "b"),
+                ("normal-b2", "normal", "b"),
+                ("normal-c", "normal", "c"),
+                ("high-d", "high", "d"),
+            ]
+        ]
+        await asyncio.sleep(0)  # all five wait
+        assert len(admission.waiting) == 5
+        with pytest.raises(AdmissionRefusedError):
+            admission.admit("barging", 1)  # the waiters are first
+        admission.release("running")
+        for done in range(1, 6):
+            while len(order) < done:
+                await asyncio.sleep(0)
+            admission.release(order[-1])
+        await asyncio.gather(*waiters)
+        return order
+
+    # DRR over classes in the order they began to wait (low 1, normal 2, high 4 a
+    # round); tenants b and c take turns inside normal.
+    assert asyncio.run(main()) == ["low-a", "normal-b1", "normal-c", "high-d", "normal-b2"]
+
+
+def test_a_waiter_times_out_and_one_that_left_gives_its_slot_on() -> None:
+    async def main() -> None:
+        admission = Admission(1, None, wait_s=0.05, max_waiting=2)
+        admission.admit("running", 1)
+        with pytest.raises(AdmissionRefusedError) as caught:
+            await admission.turn("normal", "t")
+        assert caught.value.limit == "queue_wait" and len(admission.waiting) == 0
+        assert "no slot came free in 0.05 s (--admission-wait)" in str(caught.value)
+
+        admission.wait_s = 5.0
+        gone = asyncio.create_task(admission.turn("high", "t"))
+        kept = asyncio.create_task(admission.turn("low", "u"))
+        await asyncio.sleep(0)
+        admission.release("running")  # reserved for ``gone`` ...
+        gone.cancel()  # ... whose client leaves before it comes in
+        assert await kept  # the slot went on to the next waiter
+        admission.admit("kept", 1, reserved=True)
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        assert admission.in_flight == 1 and len(admission.waiting) == 0
+
+        admission.wait_s = 0.0
+        with pytest.raises(AdmissionRefusedError) as caught:
+            await admission.turn("normal", "t")
+        assert caught.value.limit == "in_flight"
+
+    asyncio.run(main())
+
+
+def test_at_most_max_in_flight_requests_wait() -> None:
+    async def main() -> None:
+        admission = Admission(max_in_flight=1, max_queued_prefill_tokens=None, wait_s=5.0)
+        admission.admit("running", 1)
+        waiter = asyncio.create_task(admission.turn("normal", "t"))
+        await asyncio.sleep(0)
+        with pytest.raises(AdmissionRefusedError) as caught:
+            await admission.turn("normal", "u")
+        assert caught.value.limit == "queue_full"
+        waiter.cancel()
+
+    asyncio.run(main())
+
+
 def test_reliability_options_name_the_bad_field() -> None:
     with pytest.raises(ValueError, match=r"heartbeat_timeout_s \(1\.0\) must be longer"):
         ReliabilityOptions(heartbeat_interval_s=1.0, heartbeat_timeout_s=1.0)
@@ -75,7 +157,7 @@ def test_reliability_options_name_the_bad_field() -> None:
 @pytest.mark.slow
 def test_load_beyond_the_limit_gets_503_and_the_server_recovers(tiny_llama_folder: Path) -> None:
     slow_echo = {"delay_s": 0.02}
-    limits = ReliabilityOptions(max_in_flight=2)
+    limits = ReliabilityOptions(max_in_flight=2, admission_wait_s=0)  # refuse at once
 
     async def main() -> None:
         async with (

@@ -1,4 +1,4 @@
-"""Tenant limits and priority bands, on a clock the test moves (exact values)."""
+"""Tenant limits, on a clock the test moves (exact values)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from dynask.control_plane.serving.tenants import (
     Tenant,
     TenantGate,
     TenantLimitError,
-    shed_priority,
 )
 from dynask.control_plane.state.api_keys import TenantLimits
 
@@ -78,12 +77,27 @@ def test_a_request_larger_than_the_whole_token_limit_passes_when_nothing_else_co
     gate.admit("big", Tenant("t", TenantLimits(tokens_per_minute=10)), 500)
 
 
-def test_the_low_priority_band_sheds_at_half_the_global_limit() -> None:
-    assert [shed_priority("low", n, 100) for n in (49, 50)] == [False, True]
-    assert [shed_priority("low", n, 3) for n in (1, 2)] == [False, True]
-    assert not shed_priority("normal", 99, 100)  # only the global limit sheds them
-    assert not shed_priority("high", 99, 100)
-    assert not shed_priority("low", 10**6, None)  # no global limit: no bands
+def test_refuse_early_answers_as_admit_would_and_counts_nothing() -> None:
+    gate, clock, seen = _gate()
+    tenant = Tenant("t", TenantLimits(requests_per_s=1.0, max_concurrent=2, tokens_per_minute=100))
+    gate.refuse_early(tenant)  # a tenant never seen: nothing to refuse
+    gate.admit("a", tenant, 100)
+    seen.clear()
+    with pytest.raises(TenantLimitError) as caught:
+        gate.refuse_early(tenant)
+    assert caught.value.limit == "requests_per_s"  # one request/s: the bucket is empty
+    clock.now += 1.0
+    with pytest.raises(TenantLimitError) as caught:
+        gate.refuse_early(tenant)
+    assert caught.value.limit == "tokens_per_minute"  # 100 of 100 used: any request is over
+    clock.now += 60.0
+    gate.refuse_early(tenant)
+    assert gate.in_flight("t") == 1 and seen == []  # counted nothing
+    gate.admit("b", tenant, 1)
+    clock.now += 1.0
+    with pytest.raises(TenantLimitError) as caught:
+        gate.refuse_early(tenant)
+    assert caught.value.limit == "max_concurrent"
 
 
 def test_limits_name_the_bad_field() -> None:

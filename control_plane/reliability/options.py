@@ -2,8 +2,8 @@
 
 Its fields declare their CLI flags (``--migration-limit``, ``--heartbeat-interval``,
 ``--heartbeat-timeout``, ``--engine-stall-timeout``, ``--max-in-flight``,
-``--max-queued-prefill-tokens``, ``--admission-wait``; see ``control_plane.flags``); the service (migration,
-admission) and the cluster runtime (actor health) read it.
+``--max-queued-prefill-tokens``, ``--admission-wait``; see ``control_plane.flags``); the
+service (migration, admission) and the cluster runtime (actor health) read it.
 """
 
 from __future__ import annotations

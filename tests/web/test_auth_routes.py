@@ -26,6 +26,7 @@ FORMS = [
     "/admin/workers/retire",
     "/admin/keys",
     "/admin/keys/1/revoke",
+    "/admin/keys/1/limits",
     "/admin/logout",
 ]
 BROWSER = {"accept": "text/html,application/xhtml+xml"}

@@ -174,3 +174,62 @@ def test_a_request_shows_up_in_the_metrics(
     page.goto("/admin/routing")
     expect(page.locator("section.card")).to_contain_text("chat")
     _shot(page, tmp_path, "routing")
+
+
+def test_an_admin_edits_a_keys_limits_and_the_server_applies_them(
+    page: Page, server: str, folder: Path, api_key: str, tmp_path: Path
+) -> None:
+    page.goto("/admin/keys")
+    row = page.locator("tr", has_text="browser-test")
+    expect(row).to_contain_text("no limits, priority normal")
+    row.locator("summary", has_text="Edit").click()
+    row.locator("input[name=requests_per_s]").fill("0.2")
+    row.locator("input[name=max_concurrent]").fill("4")
+    row.locator("select[name=priority]").select_option("high")
+    _shot(page, tmp_path, "keys-edit")
+    row.locator("button", has_text="Save limits").click()
+    expect(page.locator(".flash.ok")).to_contain_text("0.2 req/s, 4 concurrent, priority high")
+    expect(page.locator("tr", has_text="browser-test")).to_contain_text(
+        "0.2 req/s, 4 concurrent, priority high"
+    )
+    _shot(page, tmp_path, "keys-limits")
+    listed = subprocess.run(
+        [str(sp.BIN / "dynask"), "keys", "list", "--database-url", _db(folder)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    assert "0.2 req/s, 4 concurrent, priority high" in listed
+    # The server reloads keys every 2 s: one request per 5 s now, so a burst gets a 429.
+    body = {"model": "chat", "prompt": "hi", "max_tokens": 2}
+    auth = {"authorization": f"Bearer {api_key}"}
+    statuses: list[int] = []
+    for _ in range(40):
+        reply = httpx.post(f"{server}/v1/completions", json=body, headers=auth, timeout=30)
+        statuses.append(reply.status_code)
+        if reply.status_code == 429:
+            assert reply.json()["error"]["code"] == "rate_limit_exceeded"
+            assert float(reply.headers["retry-after"]) > 0
+            break
+        page.wait_for_timeout(200)
+    assert statuses[-1] == 429, statuses
+    subprocess.run(  # back to no limits for the other tests of this module
+        [str(sp.BIN / "dynask"), "keys", "limits", _key_id(folder)]
+        + ["--database-url", _db(folder)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+
+
+def _key_id(folder: Path) -> str:
+    """The id of the module's one key (``dynask keys list``'s first column)."""
+    listed = subprocess.run(
+        [str(sp.BIN / "dynask"), "keys", "list", "--database-url", _db(folder)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    return listed.splitlines()[1].split()[0]

@@ -68,3 +68,50 @@ def test_the_chat_page_carries_a_short_lived_key(stack: AdminStack, csrf: str) -
     assert match is not None
     stack.deps.key_guard.refresh()
     assert stack.deps.key_guard.allows(match.group(1)) is True
+
+
+def test_limits_are_edited_in_place_and_logged(stack: AdminStack, csrf: str) -> None:
+    key = _create(stack, csrf, "batch")
+    [record] = stack.deps.api_keys.list()
+    form = {
+        "csrf_token": csrf,
+        "requests_per_s": "2.5",
+        "max_concurrent": "3",
+        "tokens_per_minute": "",
+        "priority": "low",
+    }
+
+    response = stack.client.post(f"/admin/keys/{record.id}/limits", data=form)
+
+    assert (response.status_code, response.headers["location"]) == (303, "/admin/keys")
+    page = html.unescape(stack.client.get("/admin/keys").text)
+    assert f"API key {key[:12]}… (batch): 2.5 req/s, 3 concurrent, priority low." in page
+    [stored] = stack.deps.api_keys.list()
+    assert (stored.limits.requests_per_s, stored.limits.max_concurrent) == (2.5, 3)
+    assert (stored.limits.tokens_per_minute, stored.limits.priority) == (None, "low")
+    [event] = stack.deps.repo.recent_events(1)
+    assert (event.kind, event.details["limits"]) == (
+        "api_key.limits",
+        "2.5 req/s, 3 concurrent, priority low",
+    )
+    stack.deps.key_guard.refresh()
+    tenant = stack.deps.key_guard.tenant_of(key)
+    assert tenant is not None and tenant.limits == stored.limits  # what the server applies
+
+
+def test_bad_limits_are_refused_by_name_and_change_nothing(stack: AdminStack, csrf: str) -> None:
+    _create(stack, csrf, "ci")
+    [record] = stack.deps.api_keys.list()
+    for field, value, message in [
+        ("max_concurrent", "two", "'max_concurrent' has value 'two'; expected an integer"),
+        ("max_concurrent", "0", "'max_concurrent' has value 0; expected an integer >= 1"),
+        ("requests_per_s", "-1", "'requests_per_s' has value -1.0; expected > 0"),
+        ("priority", "urgent", "'priority' has value 'urgent'; expected one of"),
+    ]:
+        form = {"csrf_token": csrf, field: value}
+        response = stack.client.post(f"/admin/keys/{record.id}/limits", data=form)
+        assert response.status_code == 303
+        page = html.unescape(stack.client.get("/admin/keys").text)
+        assert "The limits were not changed: " in page and message in page, field
+    [stored] = stack.deps.api_keys.list()
+    assert stored.limits.describe() == "no limits, priority normal"

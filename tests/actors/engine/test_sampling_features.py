@@ -135,7 +135,7 @@ def test_min_tokens_counts_the_tokens_shown_before_a_move(engine: LLMEngine) -> 
     prompt = prompts_of_lengths([5], seed=5)[0]
     forced = ((eos, 50.0),)
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, logit_bias=forced, min_tokens=4)
-    [resumed] = engine.generate([prompt + [11, 12, 13]], replace(params, output_in_prompt=3))
+    [resumed] = engine.generate([[*prompt, 11, 12, 13]], replace(params, output_in_prompt=3))
     # 3 shown + 1 masked make min_tokens 4: EOS comes next (the undisturbed run's 5th).
     assert len(resumed.token_ids) == 2 and resumed.token_ids[-1] == eos
 

@@ -227,7 +227,32 @@ def test_a_request_refused_by_admission_takes_and_releases_nothing(
         tokenizer_folder,
         body,
         engine_args=SLOW_MOCKER,
-        reliability=ReliabilityOptions(max_in_flight=1),
+        reliability=ReliabilityOptions(max_in_flight=1, admission_wait_s=0),
+    )
+
+
+def test_at_the_limit_a_request_waits_for_the_slot_and_gets_it(tokenizer_folder: Path) -> None:
+    async def body(stack: Stack, releases: Releases) -> None:
+        stream = await _open_stream(stack, tokens(seed=8, blocks=2))
+        held = await _first_text(stream)
+        waiting = asyncio.create_task(stack.complete(tokens(seed=9, blocks=2), max_tokens=4))
+        await _until(lambda: len(stack.service.admission.waiting) == 1, "waiting")
+        assert not waiting.done() and releases.admission == {}
+        await stream.close()  # its slot goes to the waiter
+        reply = await waiting
+        assert reply.usage.completion_tokens == 4
+        await _until(lambda: len(releases.admission) == 2, "release")
+        assert list(releases.admission.values()) == [1, 1] and held in releases.admission
+        metrics = (await stack.http.get("/metrics")).text
+        assert 'dynask_admission_wait_seconds_count{priority="normal",tenant="anonymous"} 2.0' in (
+            metrics
+        )
+
+    _run(
+        tokenizer_folder,
+        body,
+        engine_args=SLOW_MOCKER,
+        reliability=ReliabilityOptions(max_in_flight=1, admission_wait_s=30),
     )
 
 

@@ -215,8 +215,7 @@ def test_an_admin_edits_a_keys_limits_and_the_server_applies_them(
         page.wait_for_timeout(200)
     assert statuses[-1] == 429, statuses
     subprocess.run(  # back to no limits for the other tests of this module
-        [str(sp.BIN / "dynask"), "keys", "limits", _key_id(folder)]
-        + ["--database-url", _db(folder)],
+        [str(sp.BIN / "dynask"), "keys", "limits", _key_id(folder), "--database-url", _db(folder)],
         check=True,
         capture_output=True,
         timeout=120,

@@ -33,7 +33,7 @@ from dynask.actors.runtime.malloc_tuning import keep_tensor_memory
 from dynask.actors.runtime.token_stream import (
     TokenStreamServer,
     pack_kv_dump,
-    read_request,
+    read_owned_request,
     unpack_requests,
 )
 from dynask.actors.runtime.tracing import EngineSpans, worker_tracer
@@ -60,6 +60,7 @@ class EngineActor(KVTransferMethods):
         self._finalizer: weakref.finalize[Any, EngineActor] | None = None
         self._open: set[str] = set()  # requests submitted and not finished
         self._spans: EngineSpans | None = None  # with the worker's TracingPlugin
+        self._owners: dict[str, str] = {}  # request id -> the reader that submitted it
 
     async def start(self) -> dict[str, Any]:
         """Loads the engine (in a thread), opens the token stream; returns the actor's info
@@ -69,7 +70,7 @@ class EngineActor(KVTransferMethods):
         _share_cores_with_other_workers()
         keep_tensor_memory()
         engine = await asyncio.to_thread(build_engine, self.spec)
-        stream = TokenStreamServer(asyncio.get_running_loop(), _weakly(self._abort_unread))
+        stream = TokenStreamServer(asyncio.get_running_loop(), _weakly(self._reader_left))
         address = await stream.start(_worker_host())
         engine.add_output_listener(stream.publish)
         engine.add_output_listener(_weakly(self._forget_finished))
@@ -106,7 +107,7 @@ class EngineActor(KVTransferMethods):
 
         Bad input raises ``ValueError`` (re-raised at the caller with its message).
         """
-        request_id, prompt, params, traceparent = read_request(packed)
+        (request_id, prompt, params, traceparent), owner = read_owned_request(packed)
         self._traced(request_id, traceparent, len(prompt))
         try:
             self._running().add_request(prompt, SamplingParams(**params), request_id)
@@ -114,7 +115,7 @@ class EngineActor(KVTransferMethods):
             if self._spans is not None:
                 self._spans.forget(request_id)
             raise
-        self._open.add(request_id)
+        self._opened(request_id, owner)
 
     async def submit_batch(self, payload: bytes) -> list[str | None]:
         """Queues several requests (``token_stream.pack_requests``) in one call.
@@ -127,7 +128,7 @@ class EngineActor(KVTransferMethods):
         for packed in unpack_requests(payload):
             request_id = None
             try:
-                request_id, prompt, params, traceparent = read_request(packed)
+                (request_id, prompt, params, traceparent), owner = read_owned_request(packed)
                 self._traced(request_id, traceparent, len(prompt))
                 engine.add_request(prompt, SamplingParams(**params), request_id)
             except (ValueError, TypeError) as exc:
@@ -135,7 +136,7 @@ class EngineActor(KVTransferMethods):
                     self._spans.forget(request_id)
                 errors.append(str(exc) or type(exc).__name__)
             else:
-                self._open.add(request_id)
+                self._opened(request_id, owner)
                 errors.append(None)
         return errors
 
@@ -143,25 +144,43 @@ class EngineActor(KVTransferMethods):
         if self._spans is not None and traceparent:
             self._spans.arrived(request_id, traceparent, prompt_tokens)
 
+    def _opened(self, request_id: str, owner: str | None) -> None:
+        self._open.add(request_id)
+        if owner is not None:
+            self._owners[request_id] = owner
+
     def _forget_finished(self, outputs: list[RequestOutput]) -> None:
-        """Engine thread: finished requests leave ``_open`` (set operations hold the GIL)."""
+        """Engine thread: finished requests leave ``_open`` (set and dict operations hold
+        the GIL)."""
         for output in outputs:
             if output.finished:
                 self._open.discard(output.request_id)
+                self._owners.pop(output.request_id, None)
 
-    def _abort_unread(self) -> None:
-        """The last token-stream reader left (its control plane died): every open request's
-        deltas go nowhere, so each is aborted now and its KV blocks freed."""
-        if self._engine is None or not self._open:
+    def _reader_left(self, reader: str | None, last: bool) -> None:
+        """A token-stream reader left (its control plane died or closed): the open
+        requests it owned (all of them, if it was the last reader) have nobody to deliver
+        to, so each is aborted now and its KV blocks freed."""
+        if self._engine is None:
+            return
+        unread = [
+            request_id
+            for request_id in list(self._open)
+            if last or (reader is not None and self._owners.get(request_id) == reader)
+        ]
+        if not unread:
             return
         log.warning(
-            "engine actor %s: no reader for the deltas of %d requests; aborting them",
+            "engine actor %s: reader %s left; aborting its %d requests",
             self.name,
-            len(self._open),
+            reader or "(unnamed)",
+            len(unread),
         )
-        for request_id in list(self._open):
+        for request_id in unread:
             self._abort_remote_prefill(request_id)
             self._engine.abort(request_id)
+            self._open.discard(request_id)
+            self._owners.pop(request_id, None)
 
     def _engine_lost(self, reason: str) -> None:
         """Engine thread: the engine's server is gone. The token stream closes, as when a

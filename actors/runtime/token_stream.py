@@ -16,6 +16,13 @@ into an empty log (``KVEventLog.set_listener``), so events that an engine step r
 reach the reader before that step's deltas do: a request that has finished is already
 in the index when the next one is routed. A reader that connects later, or sees a gap
 in the ids, asks the actor for a dump (``pack_kv_dump``) instead.
+
+A reader may name itself with one ``"hello"`` frame (``{"reader": id}``) and name the
+same id as the owner of the requests it submits (``pack_request(owner=...)``). When that
+reader's connection ends (its control plane was killed), the actor aborts exactly the
+requests it owned and frees their blocks at once, while the requests of other readers
+(a second control plane in front of the same actors) go on. Requests without an owner
+are aborted when the last reader leaves.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ _HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 64 * 2**20
 KIND_OUTPUTS = "out"
 KIND_KV_EVENTS = "kv"
+KIND_HELLO = "hello"
 
 
 def encode_frame(kind: str, payload: Any) -> bytes:
@@ -57,10 +65,15 @@ async def read_frame(reader: asyncio.StreamReader) -> tuple[str, Any]:
 
 
 def pack_request(
-    request_id: str, prompt: list[int], params: dict[str, Any], traceparent: str | None = None
+    request_id: str,
+    prompt: list[int],
+    params: dict[str, Any],
+    traceparent: str | None = None,
+    owner: str | None = None,
 ) -> bytes:
     """One request as bytes for the ``submit`` actor call; ``traceparent`` (W3C) makes the
-    actor's spans join the request's trace (``actors.runtime.tracing``).
+    actor's spans join the request's trace (``actors.runtime.tracing``); ``owner`` names
+    the reader whose departure aborts it (see the module docstring).
 
     Dask pickles (and tries to compress) structured arguments: measured here, an actor call
     carrying a 200-int list and a dict cost 6.5 ms of caller CPU; the same call carrying
@@ -69,6 +82,8 @@ def pack_request(
     message = {"i": request_id, "p": array("I", prompt).tobytes(), "s": params}
     if traceparent:
         message["t"] = traceparent
+    if owner is not None:
+        message["o"] = owner  # the reader whose departure aborts it
     body: bytes = msgpack.packb(message, use_bin_type=True)
     return body
 
@@ -96,12 +111,19 @@ class SubmittedRequest(NamedTuple):
 
 
 def read_request(packed: bytes) -> SubmittedRequest:
+    return read_owned_request(packed)[0]
+
+
+def read_owned_request(packed: bytes) -> tuple[SubmittedRequest, str | None]:
+    """``read_request`` and the request's owner (the reader named in ``pack_request``)."""
     message = msgpack.unpackb(packed, raw=False)
     prompt = array("I")
     prompt.frombytes(message["p"])
-    return SubmittedRequest(
+    owner = message.get("o")
+    submitted = SubmittedRequest(
         str(message["i"]), prompt.tolist(), dict(message["s"]), message.get("t")
     )
+    return submitted, str(owner) if owner else None
 
 
 def unpack_request(packed: bytes) -> tuple[str, list[int], dict[str, Any]]:
@@ -169,10 +191,13 @@ class TokenStreamServer:
     """
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, on_no_readers: Callable[[], None] = lambda: None
+        self,
+        loop: asyncio.AbstractEventLoop,
+        on_reader_left: Callable[[str | None, bool], None] = lambda reader, last: None,
     ) -> None:
         self._loop = loop
-        self._on_no_readers = on_no_readers  # the last reader left: nobody gets the deltas
+        # (the reader's id or None, whether it was the last): its requests' deltas go nowhere
+        self._on_reader_left = on_reader_left
         self._writers: set[asyncio.StreamWriter] = set()
         self._server: asyncio.Server | None = None
         self._kv_log: KVEventLog | None = None
@@ -186,13 +211,18 @@ class TokenStreamServer:
 
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
-        try:
-            await reader.read()  # readers send nothing; EOF means they left
+        name: str | None = None
+        try:  # a reader sends at most its hello; EOF (or a broken frame) means it left
+            while True:
+                kind, payload = await read_frame(reader)
+                if kind == KIND_HELLO and isinstance(payload, dict):
+                    name = str(payload.get("reader") or "") or None
+        except (asyncio.IncompleteReadError, ConnectionError, ValueError) as exc:
+            log.debug("token stream reader %s left: %r", name, exc)
         finally:
             self._writers.discard(writer)
             writer.close()
-            if not self._writers:
-                self._on_no_readers()
+            self._on_reader_left(name, not self._writers)
 
     def publish(self, outputs: list[RequestOutput]) -> None:
         """Engine-thread entry point: one frame for the whole step."""

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
@@ -25,9 +27,11 @@ from dynask.actors.api.outputs import RequestOutput
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.api.stats import EngineStats
 from dynask.actors.runtime.token_stream import (
+    KIND_HELLO,
     KIND_KV_EVENTS,
     KIND_OUTPUTS,
     decode_output,
+    encode_frame,
     pack_request,
     read_frame,
 )
@@ -72,6 +76,8 @@ class ActorHandle:
     _batcher: SubmitBatcher = field(init=False)
     broken: bool = False
     lost_reason: str | None = None  # how the loss was noticed; "stream_closed" for EOF
+    # Names this control plane's connection; the owner of the requests it submits.
+    reader_id: str = field(default_factory=lambda: f"cp-{os.getpid()}-{uuid.uuid4().hex[:12]}")
 
     def __post_init__(self) -> None:
         self.load = ActorLoad(self.info.kv_block_size or DEFAULT_BLOCK_SIZE)
@@ -91,8 +97,11 @@ class ActorHandle:
         return self.info.worker
 
     async def connect(self) -> None:
+        """Opens the token stream and names this reader (``token_stream``'s hello): if this
+        control plane dies, the actor aborts the requests it submitted at once."""
         host, port = self.info.stream_address.rsplit(":", 1)
         reader, self._writer = await asyncio.open_connection(host, int(port))
+        self._writer.write(encode_frame(KIND_HELLO, {"reader": self.reader_id}))
         self._reader_task = asyncio.create_task(self._read(reader), name=f"stream-{self.name}")
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
@@ -165,7 +174,9 @@ class ActorHandle:
         finished = False
         submitted: asyncio.Future[None] | None = None
         try:
-            packed = pack_request(request_id, prompt, asdict(params), traceparent)
+            packed = pack_request(
+                request_id, prompt, asdict(params), traceparent, owner=self.reader_id
+            )
             if submit is None:
                 submitted = self._batcher.submit(packed)
             else:

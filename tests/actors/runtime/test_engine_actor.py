@@ -268,3 +268,56 @@ def test_requests_whose_stream_lost_its_last_reader_are_aborted() -> None:
             await proxy.stop()
 
     asyncio.run(main())
+
+
+def test_a_readers_departure_aborts_its_requests_and_frees_their_blocks_only(
+    tiny_llama_folder: Path,
+) -> None:
+    """Two control planes in front of one actor: the one that goes away (its stream
+    closes, as when its process is killed) takes exactly its own requests with it; their
+    KV blocks are free at once, and the other one's request runs on to its end."""
+    spec = EngineSpec(
+        kind="torch", model=str(tiny_llama_folder), engine_args={"kv_cache_gib": 0.05}
+    )
+
+    async def main() -> None:
+        async with (
+            LocalCluster(
+                n_workers=1, processes=False, asynchronous=True, dashboard_address=None
+            ) as cluster,
+            Client(cluster, asynchronous=True, direct_to_workers=True) as client,
+        ):
+            proxy = await client.submit(EngineActor, spec, "shared-0", actor=True)
+            info = ActorInfo.from_dict(await proxy.start())
+            dying, staying = (
+                ActorHandle(name="shared-0", deployment="d", proxy=proxy, info=info)
+                for _ in range(2)
+            )
+            await dying.connect()
+            await staying.connect()
+            params = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
+            kept = staying.generate("kept", list(range(100, 150)), params)
+            gone = [dying.generate(f"gone{i}", list(range(200 + i, 250)), params) for i in (0, 1)]
+            await anext(kept)
+            for stream in gone:
+                await anext(stream)
+            held = (await proxy.stats())["num_free_kv_blocks"]
+            assert (await proxy.stats())["num_running"] == 3
+
+            await dying.close()  # its process is gone: nobody reads its deltas
+            deadline = time.monotonic() + 10
+            while (await proxy.stats())["num_running"] > 1 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            stats = await proxy.stats()
+            assert stats["num_running"] == 1  # the other control plane's request runs on
+            assert stats["num_free_kv_blocks"] > held  # the dead one's blocks are free
+            tokens = 0
+            async for outputs in kept:
+                tokens += sum(len(o.token_ids) for o in outputs)
+            assert tokens == 400 - 1  # every token after the first delta's
+            await staying.close()
+            stats = await proxy.stats()
+            assert stats["num_running"] == 0 and stats["kv_usage"] == 0.0  # nothing held
+            await proxy.stop()
+
+    asyncio.run(main())

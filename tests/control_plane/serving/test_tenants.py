@@ -108,3 +108,26 @@ def test_limits_name_the_bad_field() -> None:
     assert TenantLimits(5, 2, 1000, "high").describe() == (
         "5 req/s, 2 concurrent, 1000 tokens/min, priority high"
     )
+
+
+def test_the_priority_header_may_lower_a_class_never_raise_it() -> None:
+    from dynask.control_plane.serving.errors import InvalidRequestError
+    from dynask.control_plane.serving.metrics import ServingMetrics
+    from dynask.control_plane.serving.service import ServingService
+    from dynask.control_plane.state.api_keys import KeyTenant
+
+    service = ServingService(ServingMetrics())
+    high = KeyTenant("batch (dsk_abc)", TenantLimits(max_concurrent=3, priority="high"))
+    lowered = service.tenant(high, None, " LOW ")
+    assert (lowered.name, lowered.limits) == (
+        "batch (dsk_abc)",
+        TenantLimits(max_concurrent=3, priority="low"),
+    )
+    assert service.tenant(high, None, "high").limits.priority == "high"
+    assert service.tenant(None, "u1", "high").limits.priority == "normal"  # never raised
+    assert service.tenant(None, None, "low").limits.priority == "low"
+    with pytest.raises(InvalidRequestError) as caught:
+        service.tenant(None, None, "urgent")
+    assert str(caught.value) == (
+        "the header x-dynask-priority has value 'urgent'; expected one of high, normal, low"
+    )

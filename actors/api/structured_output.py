@@ -138,8 +138,8 @@ def build_grammar(output: StructuredOutput) -> Any:
 # (``minLength``/``maxLength``) as ``[^"\\\r\n]``: that admits the raw control characters
 # U+0000-U+001F other than CR and LF, which JSON forbids inside a string (a sampled tab or
 # U+0019 made the output unparseable). Its unbounded strings exclude them, as here.
-_LOOSE_STRING_CHARACTER = r'[^\"\\\r\n]'
-_JSON_STRING_CHARACTER = r'[^\0-\x1f\"\\]'
+_LOOSE_STRING_CHARACTER = r"[^\"\\\r\n]"
+_JSON_STRING_CHARACTER = r"[^\0-\x1f\"\\]"
 
 
 def _json_strings_fixed(grammar: Any) -> Any:

@@ -207,8 +207,8 @@ def _one(
         mode.with_call += 1
         mode.first_call_delta_s.append(first_call - started)
     mode.calls += len(calls)
-    if finish == "length" and calls:
-        mode.cut_calls += 1
+    if finish == "length" and calls and not _valid(calls[max(calls)]):
+        mode.cut_calls += 1  # max_tokens ended the last call before it was complete
     mode.valid_calls += sum(_valid(c) for c in calls.values())
     mode.expected_calls += sum(c["name"] == expected for c in calls.values())
     if tokens:

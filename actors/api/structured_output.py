@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
+KINDS = ("json_schema", "json_object", "regex", "choice", "grammar", "structural_tag")
 _XGRAMMAR_LOCATION = re.compile(r"^\[[0-9:]+\] \S+:\d+: (Check failed: \(.*?\) is false: )?")
 # The JSON of ``{"type": "object"}``: what json_object mode asks for.
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
@@ -44,7 +44,9 @@ class StructuredOutput:
 
     ``spec`` by ``kind``: ``json_schema`` the schema as JSON text; ``json_object`` empty
     (any JSON object); ``regex`` the pattern; ``choice`` a JSON array of the strings;
-    ``grammar`` EBNF (GBNF: rules with ``::=``, the root rule ``root``) or Lark.
+    ``grammar`` EBNF (GBNF: rules with ``::=``, the root rule ``root``) or Lark;
+    ``structural_tag`` an xgrammar structural tag as JSON text (how tool calls are held to
+    their functions' schemas: free text until a trigger, then a tag's schema).
     """
 
     kind: str
@@ -111,7 +113,9 @@ def build_grammar(output: StructuredOutput) -> Any:
 
     try:
         if output.kind == "json_schema":
-            return xgr.Grammar.from_json_schema(output.spec, any_whitespace=False)
+            return _json_strings_fixed(
+                xgr.Grammar.from_json_schema(output.spec, any_whitespace=False)
+            )
         if output.kind == "json_object":
             return xgr.Grammar.from_json_schema(JSON_OBJECT_SCHEMA, any_whitespace=False)
         if output.kind == "regex":
@@ -119,6 +123,8 @@ def build_grammar(output: StructuredOutput) -> Any:
         if output.kind == "choice":
             alternatives = " | ".join(_ebnf_literal(c) for c in output.choices())
             return xgr.Grammar.from_ebnf(f"root ::= {alternatives}")
+        if output.kind == "structural_tag":
+            return _json_strings_fixed(xgr.Grammar.from_structural_tag(output.spec))
         if "::=" in output.spec:
             return xgr.Grammar.from_ebnf(output.spec)
         return xgr.Grammar.from_lark(output.spec)
@@ -128,12 +134,41 @@ def build_grammar(output: StructuredOutput) -> Any:
         raise GrammarError(f"the {_NOUNS[output.kind]} cannot be compiled: {_reason(exc)}") from exc
 
 
+# xgrammar (0.2.8) writes the characters of a JSON string with a length bound
+# (``minLength``/``maxLength``) as ``[^"\\\r\n]``: that admits the raw control characters
+# U+0000-U+001F other than CR and LF, which JSON forbids inside a string (a sampled tab or
+# U+0019 made the output unparseable). Its unbounded strings exclude them, as here.
+_LOOSE_STRING_CHARACTER = r"[^\"\\\r\n]"
+_JSON_STRING_CHARACTER = r"[^\0-\x1f\"\\]"
+
+
+def _json_strings_fixed(grammar: Any) -> Any:
+    """``grammar`` with its length-bounded JSON strings held to JSON's characters."""
+    import xgrammar as xgr
+
+    text = str(grammar)
+    if _LOOSE_STRING_CHARACTER not in text:
+        return grammar
+    return xgr.Grammar.from_ebnf(text.replace(_LOOSE_STRING_CHARACTER, _JSON_STRING_CHARACTER))
+
+
+def repaired_ebnf(output: StructuredOutput) -> str | None:
+    """The grammar of ``output`` as EBNF text when ``build_grammar`` had to repair what
+    xgrammar builds from the spec (engines that compile the spec themselves, such as vLLM,
+    take this text instead), else None."""
+    if output.kind not in ("json_schema", "structural_tag"):
+        return None
+    text = str(build_grammar(output))
+    return text if _JSON_STRING_CHARACTER in text else None
+
+
 _NOUNS = {
     "json_schema": "JSON schema",
     "json_object": "JSON object grammar",
     "regex": "regex",
     "choice": "choice list",
     "grammar": "grammar",
+    "structural_tag": "structural tag",
 }
 
 

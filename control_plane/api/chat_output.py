@@ -18,12 +18,14 @@ from dynask.control_plane.api.reasoning import (
     detect_reasoning,
     prompt_opens_block,
 )
+from dynask.control_plane.api.structured_output_fields import grammar_problem
 from dynask.control_plane.api.tools.formats import (
     ToolFormat,
     detect_format,
     tool_format,
 )
 from dynask.control_plane.api.tools.templating import knows_tools, render_chat, template_text
+from dynask.control_plane.api.tools.tool_grammar import tool_grammar, writes_native_calls
 from dynask.control_plane.api.tools.tool_request import ToolRequest
 from dynask.control_plane.api.tools.tool_stream import (
     ForcedCallStream,
@@ -31,6 +33,7 @@ from dynask.control_plane.api.tools.tool_stream import (
     ToolCallDelta,
     ToolStream,
 )
+from dynask.control_plane.serving.structured_output_support import SERVING_ENGINES
 
 # Engines whose text is not a model's: they cannot call tools.
 NO_TOOL_ENGINES = ("echo", "mocker")
@@ -69,6 +72,9 @@ class ChatPlan:
     reasoning: bool = False
     opens_block: bool = False  # the prompt opened a <think> block already
     sampling: dict[str, Any] = field(default_factory=dict)  # overrides of SamplingParams
+    # The grammar of the tool calls (``tool_grammar``): under ``auto`` it applies only when
+    # the request asks for no other structured output.
+    tool_grammar: dict[str, Any] | None = None
 
     @property
     def parses(self) -> bool:
@@ -87,7 +93,10 @@ class ChatOutputParser:
         self._tools: ToolStream | ForcedCallStream | None = None
         if tools is not None and tools.offered:
             native = plan.tool_format or tool_format("hermes")
-            if tools.forced:
+            native_grammar = plan.tool_grammar is not None and writes_native_calls(native)
+            if tools.forced and native_grammar:  # the grammar writes the model's markup
+                self._tools = ToolStream(native, tools.parallel and tools.named is None)
+            elif tools.forced:
                 self._tools = ForcedCallStream(tools.named, native, tools.parallel)
             else:
                 self._tools = ToolStream(native, tools.parallel)
@@ -172,5 +181,13 @@ def plan_chat(
     sampling: dict[str, Any] = {}
     if fmt is not None and fmt.needs_special_tokens:
         sampling["skip_special_tokens"] = False
-    plan = ChatPlan(tools, fmt, reasoning, reasoning and prompt_opens_block(text), sampling)
-    return text, plan
+    opens = reasoning and prompt_opens_block(text)
+    grammar = None
+    if tools is not None and fmt is not None and engines <= set(SERVING_ENGINES):
+        grammar = tool_grammar(tools, fmt, reasoning, opens)
+        problem = None if grammar is None else grammar_problem(grammar["kind"], grammar["spec"])
+        if problem is not None:
+            raise invalid("tools", f"'tools': a function's parameters schema: {problem}")
+        if tools.forced and grammar is not None:
+            sampling["structured_output"] = grammar
+    return text, ChatPlan(tools, fmt, reasoning, opens, sampling, grammar)

@@ -37,11 +37,14 @@ def render_chat_request(
         engines,
     )
     ids = [int(t) for t in model.tokenizer.encode(text, add_special_tokens=False)]
+    sampling = {**request.sampling, **plan.sampling}  # a forced call's grammar wins
+    if plan.tool_grammar is not None and "structured_output" not in sampling:
+        sampling["structured_output"] = plan.tool_grammar  # auto: the calls' arguments
     rendered = dataclasses.replace(
         request,
         messages=None,
         prompt=ids,
-        sampling={**request.sampling, **plan.sampling},
+        sampling=sampling,
         prompt_field="messages",
     )
     return rendered, plan

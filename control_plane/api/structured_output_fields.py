@@ -43,14 +43,14 @@ def parse_structured_output(body: dict[str, Any]) -> dict[str, Any] | None:
         names = " and ".join(f"'{name}'" for name, _ in found)
         raise invalid(found[1][0], f"{names} both constrain the output; send only one of them")
     name, output = found[0]
-    problem = _grammar_problem(output.kind, output.spec)
+    problem = grammar_problem(output.kind, output.spec)
     if problem is not None:
         raise invalid(name, f"'{name}': {problem}")
     return output.to_wire()
 
 
 @functools.lru_cache(maxsize=256)
-def _grammar_problem(kind: str, spec: str) -> str | None:
+def grammar_problem(kind: str, spec: str) -> str | None:
     """Why the grammar cannot compile, or None. Cached: building the grammar of a
     typical schema takes milliseconds, and clients send the same schema again and again."""
     try:

@@ -41,7 +41,7 @@ from dynask.actors.api.outputs import FinishReason, RequestOutput, TokenLogprob,
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.api.stats import EngineStats
 from dynask.actors.api.streams import RequestStream
-from dynask.actors.api.structured_output import StructuredOutput
+from dynask.actors.api.structured_output import StructuredOutput, repaired_ebnf
 from dynask.actors.backends.backend_kit import (
     OutputFanout,
     OutputListener,
@@ -354,6 +354,9 @@ def _vllm_structured_outputs(output: StructuredOutput | None) -> Any:
         return None
     from vllm.sampling_params import StructuredOutputsParams
 
+    repaired = repaired_ebnf(output)  # xgrammar's loose bounded strings, fixed (see there)
+    if repaired is not None:
+        return StructuredOutputsParams(grammar=repaired)
     if output.kind == "json_schema":
         return StructuredOutputsParams(json=output.spec, disable_any_whitespace=True)
     if output.kind == "json_object":
@@ -362,6 +365,8 @@ def _vllm_structured_outputs(output: StructuredOutput | None) -> Any:
         return StructuredOutputsParams(choice=output.choices())
     if output.kind == "regex":
         return StructuredOutputsParams(regex=output.spec)
+    if output.kind == "structural_tag":
+        return StructuredOutputsParams(structural_tag=output.spec)
     return StructuredOutputsParams(grammar=output.spec)
 
 

@@ -159,16 +159,30 @@ def _tool(tool: Any, index: int) -> dict[str, Any]:
 
 
 def _text_format(text: Any) -> dict[str, Any]:
+    """``text.format`` as the chat API's ``response_format`` (the same grammars)."""
     if text is None:
         return {}
     if not isinstance(text, dict):
         raise invalid("text", '\'text\' must be an object such as {"format": {"type": "text"}}')
+    unserved = sorted(set(text) - {"format", "verbosity"})
+    if unserved or text.get("verbosity") not in (None, "medium"):
+        name = f"text.{unserved[0] if unserved else 'verbosity'}"
+        raise invalid(name, f"'{name}' is not supported by dynask; leave it out")
     fmt = text.get("format")
-    if fmt is None or (isinstance(fmt, dict) and fmt.get("type") == "text"):
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if fmt is None or kind == "text":
         return {}
-    if isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema"):
-        # Served once the chat API serves response_format (structured outputs).
-        raise invalid("text.format", "'text.format' JSON output is not supported yet; send text")
+    if kind == "json_object":
+        return {"response_format": {"type": "json_object"}}
+    if kind == "json_schema":
+        assert isinstance(fmt, dict)
+        schema = fmt.get("schema")
+        if not isinstance(schema, dict):
+            raise invalid("text.format.schema", "'text.format.schema' must be a JSON schema object")
+        spec = {key: fmt[key] for key in ("name", "description", "strict") if key in fmt}
+        return {
+            "response_format": {"type": "json_schema", "json_schema": {**spec, "schema": schema}}
+        }
     raise invalid(
         "text.format", f"'text.format' has value {fmt!r}; use text, json_object or json_schema"
     )

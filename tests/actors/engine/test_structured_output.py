@@ -98,23 +98,7 @@ def constrained(kind: str, spec: Any, **overrides: Any) -> SamplingParams:
     )
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(
-            name,
-            marks=pytest.mark.xfail(
-                strict=False,
-                reason="known bug, open (issue 16): since the (seed, position) sampler, a "
-                "sampled output on the tiny Llama holds a raw control character inside a "
-                "string, which JSON refuses; the grammar should not admit it",
-            ),
-        )
-        if name == "string patterns"
-        else name
-        for name in SCHEMAS
-    ],
-)
+@pytest.mark.parametrize("name", SCHEMAS)
 def test_every_output_validates_against_its_schema(engine: LLMEngine, name: str) -> None:
     schema = SCHEMAS[name]
     prompts = prompts_of_lengths([5, 9, 14], seed=len(name))
@@ -125,6 +109,31 @@ def test_every_output_validates_against_its_schema(engine: LLMEngine, name: str)
     for output in outputs:
         assert output.finish_reason == "stop", output.text
         jsonschema.validate(json.loads(output.text), schema)
+
+
+def test_bounded_strings_admit_no_raw_control_character(engine: LLMEngine) -> None:
+    """xgrammar 0.2.8 writes a length-bounded string's characters as ``[^"\\\r\n]``, which
+    admits a raw tab or U+0019 (JSON refuses both); ``build_grammar`` repairs it."""
+    schema = {"type": "object", "properties": {"w": {"type": "string", "maxLength": 6}}}
+    tab = engine.tokenizer.convert_tokens_to_ids("ĉ")  # the byte-level token of a tab
+    letter = engine.tokenizer.convert_tokens_to_ids("a")
+    vocab = engine.structured_outputs.vocab_size
+
+    def allowed_after_quote(compiled: Any) -> np.ndarray:
+        matcher = xgr.GrammarMatcher(compiled)
+        assert matcher.accept_string('{"w": "')
+        bitmask = xgr.allocate_token_bitmask(1, vocab)
+        matcher.fill_next_token_bitmask(bitmask)
+        words = bitmask.numpy().view(np.uint8)
+        return np.unpackbits(words, axis=1, bitorder="little")[0, :vocab].astype(bool)
+
+    ours = allowed_after_quote(
+        engine.structured_outputs.compiled(StructuredOutput("json_schema", json.dumps(schema)))
+    )
+    assert ours[letter] and not ours[tab]
+    compiler = engine.structured_outputs._get_compiler()
+    upstream = allowed_after_quote(compiler.compile_json_schema(json.dumps(schema)))
+    assert upstream[tab], "xgrammar no longer admits a raw tab: drop _json_strings_fixed"
 
 
 def test_json_object_mode_gives_an_object(engine: LLMEngine) -> None:

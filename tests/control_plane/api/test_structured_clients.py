@@ -13,6 +13,7 @@ import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import openai
@@ -151,6 +152,98 @@ def test_what_cannot_be_served_is_a_400_naming_it(client: openai.OpenAI) -> None
     assert "regex cannot be compiled" in stream.value.message
     after = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=2)
     assert after.choices[0].finish_reason in ("stop", "length")  # the server is fine
+
+
+def test_responses_text_format_through_create_and_parse(client: openai.OpenAI) -> None:
+    """The Responses API's ``text.format`` takes the same grammars as ``response_format``."""
+    parsed = client.responses.parse(
+        model=MODEL, input=QUESTION[0]["content"], text_format=Capital, temperature=0,
+        max_output_tokens=80,
+    )  # fmt: skip
+    assert isinstance(parsed.output_parsed, Capital) and "Paris" in parsed.output_parsed.city
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    fmt: Any = {"type": "json_schema", "name": "ok", "schema": schema, "strict": True}
+    created = client.responses.create(
+        model=MODEL, input="Is Paris in France?", text={"format": fmt}, temperature=0,
+        max_output_tokens=40,
+    )  # fmt: skip
+    jsonschema.validate(json.loads(created.output_text), schema)
+    loose = client.responses.create(
+        model=MODEL, input="Describe Paris in JSON.", text={"format": {"type": "json_object"}},
+        temperature=0, max_output_tokens=40,
+    )  # fmt: skip
+    assert loose.output_text.startswith("{")  # any object; 40 tokens may cut it short
+    if loose.status == "completed":
+        assert isinstance(json.loads(loose.output_text), dict)
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.responses.create(
+            model=MODEL, input="x", text={"format": {"type": "json_schema", "name": "b"}}
+        )
+    assert bad.value.param == "text.format.schema"
+
+
+TOOLS: Any = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather forecast for a city",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "maxLength": 40},
+                    "days": {"type": "integer", "minimum": 1, "maximum": 14},
+                },
+                "required": ["city", "days"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "description": "The local time in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 40}},
+                "required": ["city"],
+            },
+        },
+    },
+]
+TOOL_SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+WEATHER_QUESTION: Any = [{"role": "user", "content": "What will the weather be in Paris?"}]
+
+
+@pytest.mark.parametrize(
+    "choice", ["required", {"type": "function", "function": {"name": "get_weather"}}]
+)
+@pytest.mark.parametrize("stream", [False, True])
+def test_forced_tool_calls_of_smollm2_validate(
+    client: openai.OpenAI, choice: Any, stream: bool
+) -> None:
+    kwargs: Any = {"model": MODEL, "messages": WEATHER_QUESTION, "tools": TOOLS}
+    kwargs |= {"tool_choice": choice, "temperature": 0, "max_tokens": 120}
+    if not stream:
+        reply = client.chat.completions.create(**kwargs)
+        assert reply.choices[0].finish_reason == "tool_calls"
+        calls = [
+            (c.function.name, c.function.arguments)
+            for c in reply.choices[0].message.tool_calls or []
+        ]  # type: ignore[union-attr]
+    else:
+        named: dict[int, list[str]] = {}
+        for chunk in client.chat.completions.create(**kwargs, stream=True):
+            for piece in chunk.choices[0].delta.tool_calls or [] if chunk.choices else []:
+                entry = named.setdefault(piece.index, ["", ""])
+                entry[0] += piece.function.name or ""  # type: ignore[union-attr]
+                entry[1] += piece.function.arguments or ""  # type: ignore[union-attr]
+        calls = [(name, arguments) for name, arguments in named.values()]
+    assert calls
+    for name, arguments in calls:
+        jsonschema.validate(json.loads(arguments), TOOL_SCHEMAS[name])
+    if isinstance(choice, dict):
+        assert [name for name, _ in calls] == ["get_weather"]
 
 
 def test_an_echo_engine_refuses_structured_outputs(

@@ -295,3 +295,68 @@ def test_structured_outputs_go_to_vllms_own(stack: Stack, loop: LoopThread) -> N
     assert chat.choices[0].finish_reason == "stop"
     assert re.fullmatch(r" [A-Z][a-z]+\.", regex.choices[0].text)
     assert choice.choices[0].text in (" Berlin", " Bonn")
+
+
+TOOLS: Any = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather forecast for a city",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "maxLength": 30},
+                    "days": {"type": "integer", "minimum": 1, "maximum": 14},
+                },
+                "required": ["city", "days"],
+            },
+        },
+    },
+]
+
+
+def test_forced_tool_calls_go_through_vllms_structured_outputs(
+    stack: Stack, loop: LoopThread
+) -> None:
+    """The tools' grammar (a structural tag in the Hermes format) reaches vLLM: forced
+    calls validate, whole and streamed, and ``auto`` is served."""
+    import json
+
+    import jsonschema
+
+    schema = TOOLS[0]["function"]["parameters"]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    ask: Any = [{"role": "user", "content": "What will the weather be in Paris?"}]
+    kwargs: Any = {"model": MODEL, "messages": ask, "tools": TOOLS, "max_tokens": 60}
+
+    async def calls() -> tuple[Any, Any, list[Any], Any]:
+        required = await stack.openai.chat.completions.create(
+            **kwargs, tool_choice="required", parallel_tool_calls=False, temperature=0
+        )  # one call: then the grammar ends the output (SmolLM2 would repeat calls)
+        forced = await stack.openai.chat.completions.create(
+            **kwargs, tool_choice=named, temperature=1.0, seed=3
+        )
+        stream = await stack.openai.chat.completions.create(
+            **kwargs, tool_choice=named, temperature=0, stream=True
+        )
+        pieces = [
+            piece
+            async for chunk in stream
+            if chunk.choices
+            for piece in chunk.choices[0].delta.tool_calls or []
+        ]
+        auto = await stack.openai.chat.completions.create(**kwargs, temperature=0)
+        return required, forced, pieces, auto
+
+    required, forced, pieces, auto = loop.run(calls(), timeout=300)
+
+    for reply in (required, forced):
+        assert reply.choices[0].finish_reason == "tool_calls"
+        [call] = reply.choices[0].message.tool_calls
+        assert call.function.name == "get_weather"
+        jsonschema.validate(json.loads(call.function.arguments), schema)
+    assert pieces[0].function.name == "get_weather"
+    jsonschema.validate(json.loads("".join(p.function.arguments or "" for p in pieces)), schema)
+    for call in auto.choices[0].message.tool_calls or []:  # auto: any call made validates
+        jsonschema.validate(json.loads(call.function.arguments), schema)

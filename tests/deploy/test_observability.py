@@ -204,6 +204,10 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: flo
         if proc.poll() is not None:
             raise RuntimeError(f"prometheus exited:\n{log.read_text()[-3000:]}")
         try:
+            # Starting up (replaying its log), Prometheus answers 503 "Service Unavailable".
+            if httpx.get(f"{url}/-/ready", timeout=10).status_code != 200:
+                time.sleep(1)
+                continue
             # Two scrapes of dynask (and time for a rate over them to see the traffic),
             # then every rule evaluated at least once without error.
             scrapes = _query(url, 'count_over_time(up{job="dynask"}[1m])')

@@ -16,6 +16,9 @@ Design decisions:
 
 from __future__ import annotations
 
+import asyncio
+import threading
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,3 +130,36 @@ def refuse_structured_output(params: SamplingParams, engine: str) -> None:
             f"out={engine} cannot constrain its output to a grammar; structured outputs "
             "need out=torch or out=vllm"
         )
+
+
+def start_loop_thread(
+    loop: asyncio.AbstractEventLoop,
+    thread: threading.Thread | None,
+    run: Callable[[], None],
+    name: str,
+    engine: str,
+) -> threading.Thread:
+    """Starts ``run`` (which runs ``loop`` until it is stopped) in a daemon thread, once;
+    returns the thread. The loop-backed engines' (python, out=openai) ``start``."""
+    if loop.is_closed():
+        raise RuntimeError(f"the {engine} engine was shut down and cannot start again")
+    if thread is None:
+        thread = threading.Thread(target=run, name=name, daemon=True)
+        thread.start()
+    return thread
+
+
+def stop_loop_thread(
+    loop: asyncio.AbstractEventLoop,
+    thread: threading.Thread | None,
+    close: Callable[[], Coroutine[Any, Any, None]],
+) -> None:
+    """Runs ``close()`` on the loop, stops the loop, joins its thread and closes the loop
+    (idempotent). The loop-backed engines' ``shutdown``."""
+    if loop.is_closed():
+        return
+    if thread is not None:
+        asyncio.run_coroutine_threadsafe(close(), loop).result(timeout=30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=30)
+    loop.close()

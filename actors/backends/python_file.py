@@ -43,6 +43,8 @@ from dynask.actors.backends.backend_kit import (
     RequestProgress,
     check_prompt,
     refuse_structured_output,
+    start_loop_thread,
+    stop_loop_thread,
 )
 from dynask.kv.events import KVEventLog
 
@@ -149,25 +151,14 @@ class PythonEngine:
 
     def start(self) -> None:
         """Runs the asyncio loop in its own thread until ``shutdown`` (idempotent)."""
-        if self._loop.is_closed():
-            raise RuntimeError("the python engine was shut down and cannot start again")
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._run_loop, name="dynask-python", daemon=True
-            )
-            self._thread.start()
+        self._thread = start_loop_thread(
+            self._loop, self._thread, self._run_loop, "dynask-python", "python"
+        )
 
     def shutdown(self) -> None:
         """Cancels every request (no final deltas), stops the loop and its thread."""
-        if self._loop.is_closed():
-            return
-        if self._thread is not None:
-            done = asyncio.run_coroutine_threadsafe(self._cancel_all(), self._loop)
-            done.result(timeout=30)
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=30)
-            self._thread = None
-        self._loop.close()
+        stop_loop_thread(self._loop, self._thread, self._cancel_all)
+        self._thread = None
 
     def _run_loop(self) -> None:
         asyncio.set_event_loop(self._loop)

@@ -47,6 +47,8 @@ from dynask.actors.backends.backend_kit import (
     OutputListener,
     RequestProgress,
     check_prompt,
+    start_loop_thread,
+    stop_loop_thread,
 )
 from dynask.actors.backends.openai_forward.args import ForwardArgs, api_base
 from dynask.actors.backends.openai_forward.upstream import (
@@ -156,25 +158,14 @@ class OpenAIForwardEngine:
 
     def start(self) -> None:
         """Runs the loop in its own thread until ``shutdown`` (idempotent)."""
-        if self._loop.is_closed():
-            raise RuntimeError("the out=openai engine was shut down and cannot start again")
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._run_loop, name="dynask-openai", daemon=True
-            )
-            self._thread.start()
+        self._thread = start_loop_thread(
+            self._loop, self._thread, self._run_loop, "dynask-openai", "out=openai"
+        )
 
     def shutdown(self) -> None:
         """Closes every request's stream (no final deltas), the client, the loop."""
-        if self._loop.is_closed():
-            return
-        if self._thread is not None:
-            done = asyncio.run_coroutine_threadsafe(self._close(), self._loop)
-            done.result(timeout=30)
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=30)
-            self._thread = None
-        self._loop.close()
+        stop_loop_thread(self._loop, self._thread, self._close)
+        self._thread = None
 
     # ---- the loop thread ----------------------------------------------------------------
 

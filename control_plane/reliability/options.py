@@ -61,11 +61,12 @@ class ReliabilityOptions:
         "{default}; 'none': no limit)",
         type=limit,
     )
-    admission_wait_s: float = flag(  # at --max-in-flight: how long a request waits its turn
+    admission_wait_s: float = flag(  # at an admission limit: how long a request waits its turn
         "--admission-wait",
         DEFAULT_ADMISSION_WAIT_S,
-        "at --max-in-flight, a request waits this long for a slot, in weighted fair order "
-        "of priority classes and tenants, before its 503 (default {default:g}; 0: at once)",
+        "at --max-in-flight or --max-queued-prefill-tokens, a request waits this long for "
+        "room, in weighted fair order of priority classes and tenants, before its 503 "
+        "(default {default:g}; 0: at once)",
         type=non_negative_float,
     )
 

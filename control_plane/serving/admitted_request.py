@@ -17,7 +17,7 @@ from __future__ import annotations
 from types import TracebackType
 
 from dynask.control_plane.serving.actor_handle import ActorHandle
-from dynask.control_plane.serving.admission import Admission
+from dynask.control_plane.serving.admission import Admission, Reservation
 from dynask.control_plane.serving.placer import Placement, Placer
 from dynask.control_plane.serving.request import PreparedRequest
 from dynask.control_plane.serving.tenants import TenantSlot
@@ -50,7 +50,7 @@ class AdmittedRequest:
         refused it (holding nothing then). At ``--max-in-flight`` it is refused at once;
         ``enter`` waits its turn instead."""
         cls._take_tenant(prepared, admission, tenant)
-        return cls._admit_taken(prepared, admission, placer, tenant, beside, reserved=False)
+        return cls._admit_taken(prepared, admission, placer, tenant, beside, None)
 
     @classmethod
     async def enter(
@@ -63,16 +63,61 @@ class AdmittedRequest:
     ) -> AdmittedRequest:
         """``admit``, but at ``--max-in-flight`` the request waits for a slot in weighted
         fair order (``Admission.turn``), counted against its tenant's limits meanwhile."""
-        cls._take_tenant(prepared, admission, tenant)
+        [[admitted]] = await cls.enter_group([[prepared]], admission, placer, tenant, beside)
+        return admitted
+
+    @classmethod
+    async def enter_group(
+        cls,
+        groups: list[list[PreparedRequest]],
+        admission: Admission,
+        placer: Placer,
+        tenant: TenantSlot | None = None,
+        beside: AdmittedRequest | None = None,
+    ) -> list[list[AdmittedRequest]]:
+        """``enter`` for requests generated together (the choices of one response): they
+        wait for room for all of them at once (``Admission.turn``); the first of each
+        group is placed as any request, the others beside it (its siblings share its
+        prompt's KV). All are admitted or none."""
+        flat = [prepared for group in groups for prepared in group]
+        taken: list[PreparedRequest] = []
         try:
+            for prepared in flat:
+                cls._take_tenant(prepared, admission, tenant)
+                taken.append(prepared)
             priority = tenant.tenant.limits.priority if tenant is not None else "normal"
             name = tenant.tenant.name if tenant is not None else ""
-            reserved = await admission.turn(priority, name)
+            tokens = sum(len(prepared.prompt_ids) for prepared in flat)
+            reserved = await admission.turn(priority, name, len(flat), tokens)
         except BaseException:
             if tenant is not None:
-                tenant.release(prepared.request_id)
+                for prepared in taken:
+                    tenant.release(prepared.request_id)
             raise
-        return cls._admit_taken(prepared, admission, placer, tenant, beside, reserved)
+        admitted: list[list[AdmittedRequest]] = []
+        done = 0
+        try:
+            for group in groups:
+                first = cls._admit_taken(group[0], admission, placer, tenant, beside, reserved)
+                done += 1
+                row = [first]
+                admitted.append(row)
+                for prepared in group[1:]:
+                    row.append(
+                        cls._admit_taken(prepared, admission, placer, tenant, first, reserved)
+                    )
+                    done += 1
+        except BaseException:
+            for row in admitted:
+                for item in row:
+                    item.release()
+            if tenant is not None:  # the one that failed gave its place back already
+                for prepared in flat[done + 1 :]:
+                    tenant.release(prepared.request_id)
+            raise
+        finally:
+            admission.give_back(reserved)  # what requests that never came in held
+        return admitted
 
     @staticmethod
     def _take_tenant(
@@ -90,7 +135,7 @@ class AdmittedRequest:
         placer: Placer,
         tenant: TenantSlot | None,
         beside: AdmittedRequest | None,
-        reserved: bool,
+        reserved: Reservation | None,
     ) -> AdmittedRequest:
         request_id = prepared.request_id
         try:

@@ -8,6 +8,9 @@ Design decisions:
   the actor the first sibling was routed to, and start once the first has its first
   token, so its prompt's full blocks are in the cache and each sibling computes only the
   last, partial block. The cost is one prefill of latency for the siblings' first token.
+* All choices of a response are admitted together or not at all, waiting for room for
+  all of them at once (``AdmittedRequest.enter_group``): they are generated together,
+  so a part admitted alone would hold slots only its own siblings could free.
 * A seeded request gives sibling ``j`` the seed ``seed + j``: every choice reproducible,
   and distinct from its siblings (equal seeds would draw equal tokens).
 * Choices stream interleaved as they come; an error in one ends them all.
@@ -45,21 +48,18 @@ def sibling(prepared: PreparedRequest, j: int) -> PreparedRequest:
     return dataclasses.replace(prepared, request_id=f"{prepared.request_id}.{j}", params=params)
 
 
-def route_siblings(
-    service: ServingService, prepared: PreparedRequest, count: int, tenant: Tenant | None = None
-) -> PromptChoices:
-    """Admits sibling 0 as any request, then the others onto the same actor; each counts
-    against ``tenant``'s limits."""
-    first = service.admit(sibling(prepared, 0), tenant)
-    routed = [first]
-    try:
-        for j in range(1, count):
-            routed.append(service.admit(sibling(prepared, j), tenant, beside=first))
-    except BaseException:
-        for item in routed:
-            item.release()
-        raise
-    return PromptChoices(routed)
+async def enter_choices(
+    service: ServingService,
+    prepared: list[PreparedRequest],
+    count: int,
+    tenant: Tenant | None = None,
+) -> list[PromptChoices]:
+    """Admits ``count`` siblings of each prompt, all at once (waiting for room for all
+    of them at an admission limit): sibling 0 as any request, the others onto its
+    actor; each counts against ``tenant``'s limits."""
+    groups = [[sibling(item, j) for j in range(count)] for item in prepared]
+    admitted = await service.enter_group(groups, tenant)
+    return [PromptChoices(routed) for routed in admitted]
 
 
 async def stream_choices(

@@ -266,16 +266,28 @@ class ServingService:
         tenant: Tenant | None = None,
         beside: AdmittedRequest | None = None,
     ) -> AdmittedRequest:
-        """``admit``, except that at ``--max-in-flight`` the request waits (up to
-        ``--admission-wait``) for a slot, in weighted fair order of priority classes and
+        """``admit``, except that at an admission limit the request waits (up to
+        ``--admission-wait``) for room, in weighted fair order of priority classes and
         tenants (``Admission.turn``). What the HTTP front ends call."""
+        [[admitted]] = await self.enter_group([[prepared]], tenant, beside)
+        return admitted
+
+    async def enter_group(
+        self,
+        groups: list[list[PreparedRequest]],
+        tenant: Tenant | None = None,
+        beside: AdmittedRequest | None = None,
+    ) -> list[list[AdmittedRequest]]:
+        """``enter`` for the choices of one response, all admitted together: each group's
+        first request is placed as any (beside ``beside``, if given), the others of its
+        group beside it (``AdmittedRequest.enter_group``)."""
         tenant = tenant or Tenant(ANONYMOUS, self.tenant_defaults)
         priority, waited_from = tenant.limits.priority, time.monotonic()
         waiting = self.metrics.admission_waiting.labels(priority)
         waiting.inc()
         try:
-            admitted = await AdmittedRequest.enter(
-                prepared,
+            admitted = await AdmittedRequest.enter_group(
+                groups,
                 self.admission,
                 self.placer,
                 self.tenants.slot(tenant, self.metrics),

@@ -31,7 +31,7 @@ from dynask.control_plane.api.sse import TokenEventResponse
 from dynask.control_plane.serving.choices import (
     Follow,
     PromptChoices,
-    route_siblings,
+    enter_choices,
     stream_choices,
 )
 from dynask.control_plane.serving.errors import ServingError
@@ -61,13 +61,8 @@ async def serve_choices(
     tokenizer = prepared[0].model.tokenizer
     echoes = _echoes(parsed, prepared, tokenizer) if parsed.echo else {}
     formatter = fmt(prepared[0].request_id, parsed.model, TokenTexts(tokenizer), echoes, plan)
-    groups: list[PromptChoices] = []
-    try:
-        for item in prepared:
-            groups.append(route_siblings(service, item, parsed.best_of, tenant))
-    except BaseException:
-        _release(groups)
-        raise
+    _refuse_more_than_fit(service, parsed, len(prepared))
+    groups: list[PromptChoices] = await enter_choices(service, prepared, parsed.best_of, tenant)
     for item in prepared:
         service.metrics.input_tokens.labels(parsed.model).inc(len(item.prompt_ids))
     if parsed.stream:
@@ -153,6 +148,21 @@ async def _events(
         log.exception("stream of %d choices failed after it started", total)
         yield sse_event(internal_error(exc).body())
     yield b"data: [DONE]\n\n"
+
+
+def _refuse_more_than_fit(service: ServingService, parsed: GenerationRequest, prompts: int) -> None:
+    """A 400 for a response of more choices than may ever be in flight at once (they are
+    admitted together, so it could never start)."""
+    limit = service.admission.max_in_flight
+    total = prompts * parsed.best_of
+    if limit is not None and total > limit:
+        param = "prompt" if prompts > 1 else "best_of" if parsed.best_of > parsed.n else "n"
+        raise invalid(
+            param,
+            f"this request asks for {total} choices ({prompts} prompt(s) x {parsed.best_of}), "
+            f"generated together; this server lets at most {limit} requests be in flight "
+            "(--max-in-flight)",
+        )
 
 
 def _release(groups: list[PromptChoices]) -> None:

@@ -119,8 +119,9 @@ def test_a_waiter_times_out_and_one_that_left_gives_its_slot_on() -> None:
         await asyncio.sleep(0)
         admission.release("running")  # reserved for ``gone`` ...
         gone.cancel()  # ... whose client leaves before it comes in
-        assert await kept  # the slot went on to the next waiter
-        admission.admit("kept", 1, reserved=True)
+        reservation = await kept  # the slot went on to the next waiter
+        assert (reservation.slots, reservation.tokens) == (1, 0)
+        admission.admit("kept", 1, reservation)
         with pytest.raises(asyncio.CancelledError):
             await gone
         assert admission.in_flight == 1 and len(admission.waiting) == 0
@@ -143,6 +144,80 @@ def test_at_most_max_in_flight_requests_wait() -> None:
             await admission.turn("normal", "u")
         assert caught.value.limit == "queue_full"
         waiter.cancel()
+
+    asyncio.run(main())
+
+
+def test_a_group_waits_for_room_for_all_its_requests_and_keeps_its_turn() -> None:
+    async def main() -> None:
+        admission = Admission(3, None, wait_s=5.0)
+        admission.admit("a", 1)
+        admission.admit("b", 1)
+        group = asyncio.create_task(admission.turn("normal", "t", slots=3, prompt_tokens=30))
+        await asyncio.sleep(0)
+        single = asyncio.create_task(admission.turn("high", "u"))
+        await asyncio.sleep(0)
+        assert admission.waiters == 2 and admission.in_flight == 2
+
+        admission.release("a")  # one free slot: the group's turn, but not its room
+        await asyncio.sleep(0)
+        assert not group.done() and not single.done()  # the single one does not pass it
+        with pytest.raises(AdmissionRefusedError):
+            admission.admit("barging", 1)  # the free slot is not taken by a newcomer...
+        admission.release("b")
+        reservation = await group
+        assert (reservation.slots, reservation.tokens) == (3, 30)
+        for name in ("g0", "g1", "g2"):
+            admission.admit(name, 10, reservation)
+        admission.give_back(reservation)
+        assert (admission.in_flight, admission.queued_prefill_tokens) == (3, 30)
+        assert not single.done()
+        admission.release("g0")
+        assert (await single).slots == 1
+
+    asyncio.run(main())
+
+
+def test_a_request_at_the_prefill_token_limit_waits_for_a_first_token() -> None:
+    async def main() -> None:
+        admission = Admission(None, 100, wait_s=5.0)
+        admission.admit("a", 80)
+        waiter = asyncio.create_task(admission.turn("normal", "t", prompt_tokens=50))
+        await asyncio.sleep(0)
+        assert not waiter.done() and admission.waiters == 1
+        admission.prefill_done("a")  # its prompt left the queue: room for 50 more
+        reservation = await waiter
+        admission.admit("b", 50, reservation)
+        assert admission.queued_prefill_tokens == 50 and admission.waiters == 0
+
+        admission.wait_s = 0.02
+        with pytest.raises(AdmissionRefusedError) as caught:
+            await admission.turn("normal", "t", prompt_tokens=60)
+        assert caught.value.limit == "queue_wait"
+        assert str(caught.value) == (
+            "the engines have 50 prompt tokens waiting for prefill and this request adds "
+            "60, over the limit (--max-queued-prefill-tokens 100), and no room came free "
+            "in 0.02 s (--admission-wait); retry shortly"
+        )
+
+    asyncio.run(main())
+
+
+def test_a_group_over_the_prefill_limit_gets_in_alone_and_unused_room_is_given_back() -> None:
+    async def main() -> None:
+        admission = Admission(4, 100, wait_s=5.0)
+        reservation = await admission.turn("normal", "t", slots=3, prompt_tokens=240)
+        admission.admit("g0", 80, reservation)
+        admission.admit("g1", 80, reservation)  # its reservation, not the limit, decides
+        waiter = asyncio.create_task(admission.turn("normal", "u", slots=2, prompt_tokens=20))
+        await asyncio.sleep(0)
+        assert not waiter.done()  # 2 in flight + 1 reserved: one slot free of the 2 asked
+        admission.give_back(reservation)  # g2 never came in (its placement failed, say)
+        await asyncio.sleep(0)
+        assert not waiter.done()  # the slots are free, but 160 prompt tokens are queued
+        admission.prefill_done("g0")
+        assert (await waiter).slots == 2
+        assert (admission.in_flight, admission.queued_prefill_tokens) == (2, 80)
 
     asyncio.run(main())
 

@@ -260,6 +260,39 @@ def _prepared(model: ServedModel, request_id: str) -> PreparedRequest:
     return PreparedRequest(request_id, model, list(range(40)), SamplingParams(max_tokens=4))
 
 
+def test_choices_wait_for_room_for_all_of_them_and_too_many_are_a_400(
+    tokenizer_folder: Path,
+) -> None:
+    async def body(stack: Stack, releases: Releases) -> None:
+        stream = await _open_stream(stack, tokens(seed=10, blocks=2))
+        held = await _first_text(stream)
+        # n=2 at --max-in-flight 2 with one running: it waits for both slots, not one.
+        waiting = asyncio.create_task(stack.complete(tokens(seed=11, blocks=2), n=2))
+        await _until(lambda: stack.service.admission.waiters == 1, "waiting")
+        assert stack.service.admission.in_flight == 1 and releases.admission == {}
+        with pytest.raises(openai.BadRequestError) as refused:
+            await stack.complete(tokens(seed=12, blocks=2), n=3)
+        body = refused.value.body
+        assert isinstance(body, dict) and body["param"] == "n"
+        assert body["message"] == (
+            "this request asks for 3 choices (1 prompt(s) x 3), generated together; this "
+            "server lets at most 2 requests be in flight (--max-in-flight)"
+        )
+        await stream.close()  # its slot, with the free one, goes to both choices
+        reply = await waiting
+        assert [c.index for c in reply.choices] == [0, 1]
+        assert reply.usage.completion_tokens == 8
+        await _until(lambda: len(releases.admission) == 3, "release")
+        assert list(releases.admission.values()) == [1, 1, 1] and held in releases.admission
+
+    _run(
+        tokenizer_folder,
+        body,
+        engine_args=SLOW_MOCKER,
+        reliability=ReliabilityOptions(max_in_flight=2, admission_wait_s=30),
+    )
+
+
 def test_a_request_no_actor_can_take_gives_its_slot_back_once() -> None:
     metrics = ServingMetrics()
     model = ServedModel(MODEL, None, ModelRouting(MODEL, RoutingOptions(), metrics))

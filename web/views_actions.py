@@ -16,7 +16,11 @@ from starlette.routing import Route
 
 from dynask.control_plane.cluster.cluster_admin import ClusterActionError
 from dynask.control_plane.cluster.deployment_admin import DeploymentInvalidError
-from dynask.control_plane.state.repository import DeploymentExistsError, NotFoundError
+from dynask.control_plane.state.repository import (
+    DeploymentExistsError,
+    DeploymentRejectedError,
+    NotFoundError,
+)
 from dynask.web.auth import checked_form, current_user, flash
 from dynask.web.deps import AdminDeps
 from dynask.web.forms import DeploymentForm, FormErrors, parse_replicas
@@ -32,7 +36,7 @@ def make_action_routes(deps: AdminDeps) -> list[Route]:
             await deps.deployments.create(spec, current_user(request))
         except FormErrors as exc:
             return await _form_again(request, DeploymentForm(form.values, exc.errors))
-        except (DeploymentInvalidError, DeploymentExistsError) as exc:
+        except (DeploymentInvalidError, DeploymentExistsError, DeploymentRejectedError) as exc:
             return await _form_again(request, form.with_error(exc))
         flash(request, "ok", f"Deployment '{spec.name}' created; its actors are starting.")
         return _back("deployments")

@@ -47,6 +47,12 @@ class DeploymentExistsError(ValueError):
     """A deployment of that name exists already."""
 
 
+class DeploymentRejectedError(ValueError):
+    """The database refused a deployment for another reason than its name (a constraint
+    its schema has and this code does not know, e.g. an engine kind a database migrated
+    by an older version does not list)."""
+
+
 class NotFoundError(KeyError):
     """Base of the lookups that found nothing; ``str()`` is the plain message."""
 
@@ -173,8 +179,12 @@ class Repository:
                 session.flush()
                 _add_event(session, who, "deployment.created", spec.name, _spec_values(spec))
                 return _deployment(row)
-        except IntegrityError as error:  # a concurrent create won the race
-            raise exists from error
+        except IntegrityError as error:
+            if self.get_deployment(spec.name) is not None:  # a concurrent create won the race
+                raise exists from error
+            raise DeploymentRejectedError(
+                f"the database refused deployment {spec.name!r}: " + str(error.orig).splitlines()[0]
+            ) from error
 
     def get_deployment(self, name: str) -> Deployment | None:
         """The deployment called ``name``, or None."""

@@ -15,6 +15,7 @@ from dynask.control_plane.state.repository import (
     ActorNotFoundError,
     DeploymentExistsError,
     DeploymentNotFoundError,
+    DeploymentRejectedError,
     Repository,
 )
 
@@ -121,6 +122,19 @@ def test_duplicate_name_is_refused(repo: Repository) -> None:
     assert str(raised.value) == "Deployment 'smollm' already exists; pick another name or scale it"
     assert [d.model for d in repo.list_deployments()] == ["a.gguf"]
     assert _kinds(repo) == [("admin", "deployment.created", "smollm")]
+
+
+def test_a_row_the_database_refuses_is_not_called_a_duplicate(repo: Repository) -> None:
+    spec = DeploymentSpec("odd", "m.gguf")
+    object.__setattr__(spec, "engine", "no-such-engine")  # past the spec's own check
+
+    with pytest.raises(DeploymentRejectedError) as caught:
+        repo.create_deployment(spec, who="admin")
+
+    message = str(caught.value)  # the database's own words, first line
+    assert message.startswith("the database refused deployment 'odd': ") and "\n" not in message
+    assert "engine_known" in message
+    assert repo.get_deployment("odd") is None
 
 
 def test_an_out_openai_deployment_keeps_its_url(repo: Repository) -> None:

@@ -47,6 +47,7 @@ import random
 import sys
 import tempfile
 import time
+from collections import Counter
 from contextlib import ExitStack
 from datetime import UTC, datetime
 from pathlib import Path
@@ -81,6 +82,11 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--temperature", type=float, default=None, help="default: the server's")
     parser.add_argument("--tenant-duration", type=float, default=60.0, help="phase 3, seconds")
     parser.add_argument("--tenant-max-concurrent", type=int, default=2)
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        help="keep the processes' logs and database here (default: a temp dir)",
+    )
     parser.add_argument("--out", type=Path, default=REPO / "bench/results/soak.json")
     return parser.parse_args(argv)
 
@@ -261,6 +267,7 @@ class TenantPhase:
             "noisy_requests": len(noisy),
             "noisy_429": sum(1 for status in noisy if status == 429),
             "noisy_ok": sum(1 for status in noisy if status == 200),
+            "noisy_statuses": {str(k): v for k, v in sorted(Counter(noisy).items())},
         }
 
     async def _quiet(self, client: httpx.AsyncClient, seconds: float) -> list[RequestRecord]:
@@ -297,11 +304,13 @@ class TenantPhase:
 
 def _quiet_summary(records: list[RequestRecord]) -> dict[str, Any]:
     ttfts = sorted(r.ttft_s for r in records if r.ttft_s is not None and r.failure(16) is None)
-    failed = sum(1 for r in records if r.failure(16) is not None)
+    failures = Counter(f for r in records if (f := r.failure(16)) is not None)
+    failed = sum(failures.values())
     pick = lambda q: round(1000 * ttfts[min(len(ttfts) - 1, int(q * len(ttfts)))], 1)  # noqa: E731
     return {
         "requests": len(records),
         "failed": failed,
+        "failures": dict(failures.most_common(5)),
         "ttft_p50_ms": pick(0.5) if ttfts else None,
         "ttft_p99_ms": pick(0.99) if ttfts else None,
     }
@@ -336,7 +345,12 @@ def _tenant_table(tenants: dict[str, Any]) -> list[str]:
             for name, row in (("alone", alone), ("beside noise", beside))
         ),
         f"noisy tenant: {tenants['noisy_requests']} requests, {tenants['noisy_429']} got 429, "
-        f"{tenants['noisy_ok']} served",
+        f"{tenants['noisy_ok']} served; statuses {tenants['noisy_statuses']}",
+        *(
+            f"quiet {name} failures: {row['failures']}"
+            for name, row in (("alone", alone), ("beside noise", beside))
+            if row["failures"]
+        ),
         f"goal 0 quiet failed: {alone['failed'] + beside['failed'] == 0}",
     ]
 
@@ -391,7 +405,9 @@ def main(argv: list[str] | None = None) -> int:
     serve_flags = ["--heartbeat-interval", "0.5", "--heartbeat-timeout", "5"]
     serve_flags += ["--tenant-max-concurrent", str(args.tenant_max_concurrent)]
     with tempfile.TemporaryDirectory(prefix="dynask-soak-") as folder, ExitStack() as stack:
-        cluster = SoakCluster(Path(sys.executable).parent, Path(folder), stack)
+        workdir = args.workdir or Path(folder)
+        workdir.mkdir(parents=True, exist_ok=True)
+        cluster = SoakCluster(Path(sys.executable).parent, workdir, stack)
         cluster.start(args.replicas, args.echo_delay, serve_flags)
         streams = asyncio.run(_concurrent_streams(cluster, args)) if args.streams else None
         mixed = asyncio.run(MixedLoad(cluster, args, prompts).run()) if args.duration else None

@@ -7,9 +7,11 @@ sends ``--blocks`` blocks (default 512: an 8k-token prompt, 1 GiB) into its rese
 blocks with ``IPCTransport.send_blocks`` — consecutive block ids, then scattered ones
 (random ids on both sides, as after a while of serving) — and, in the same run, times
 ``copy_()`` of one contiguous tensor of the same size on the device (the ceiling) and
-the same block copies between two caches of this process (no IPC). Each figure is the
-median of ``--repeats`` runs after a warm-up; a transfer's time includes its control
-messages and the final synchronisation. Rates are bytes moved / time.
+the same block copies between two caches of this process (no IPC), fused (one Triton
+launch over a table of rows: ``kv.block_copy``, what the transport uses) and tensor by
+tensor (the copies before it). Each figure is the median of ``--repeats`` runs after a
+warm-up; a transfer's time includes its control messages, the table's trip to the
+device and the final synchronisation. Rates are bytes moved / time.
 
     python -m bench.disaggregation.ipc_gpu          # on the H200 (gpu_serving.sh runs it)
 """
@@ -29,8 +31,9 @@ from typing import Any
 
 import torch
 
+from dynask.kv.block_copy import block_runs, copy_blocks, copy_blocks_per_tensor
 from dynask.kv.transfer import TransferId
-from dynask.kv.transfer_ipc import IPCTransport, block_runs, copy_blocks
+from dynask.kv.transfer_ipc import IPCTransport
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "disagg-ipc-h200.json"
 LAYERS, BLOCK = 32, (16, 8, 128)
@@ -103,21 +106,23 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     d2d = statistics.median(timed(lambda: flat_dst.copy_(flat_src)) for _ in range(args.repeats))
     local = cache(args.cache_blocks)
     plan = plans(args)
-    local_times = {}
+    local_times: dict[tuple[str, str], float] = {}
     for kind in ("contiguous", "scattered"):
         src, dst = plan[f"{kind}-1"]
-        copy_blocks(source, src, local, dst)
-        local_times[kind] = statistics.median(
-            timed(lambda s=src, d=dst: copy_blocks(source, s, local, d))
-            for _ in range(args.repeats)
-        )
+        for name, copy in (("fused", copy_blocks), ("per tensor", copy_blocks_per_tensor)):
+            copy(source, src, local, dst)
+            local_times[kind, name] = statistics.median(
+                timed(lambda c=copy, s=src, d=dst: c(source, s, local, d))  # type: ignore[misc]
+                for _ in range(args.repeats)
+            )
     rows: list[dict[str, Any]] = [{"path": "device copy_() of one tensor", "s": d2d}]
     for kind in ("contiguous", "scattered"):
         runs = len(block_runs(*plan[f"{kind}-1"]))
         rows.append(
             {"path": f"CUDA IPC, {kind} ({runs} runs)", "s": statistics.median(times[kind])}
         )
-        rows.append({"path": f"same blocks in-process, {kind}", "s": local_times[kind]})
+        for name in ("fused", "per tensor"):
+            rows.append({"path": f"in-process {name}, {kind}", "s": local_times[kind, name]})
     for row in rows:
         row["GB/s"] = nbytes / row["s"] / 1e9
         row["of_copy"] = d2d / row["s"]
@@ -129,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--serve", action="store_true", help="(internal) the receiver")
     parser.add_argument("--blocks", type=int, default=512)
     parser.add_argument("--cache-blocks", type=int, default=2048)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     if args.serve:

@@ -2,7 +2,9 @@
 
 Imported only where CUDA and Triton exist; mypy skips this file (Triton's DSL is untyped).
 One program copies one row (a block of one cache tensor) from the source base plus its
-offset to the destination base plus its offset, ``BLOCK`` words per loop iteration.
+offset to the destination base plus its offset, ``BLOCK`` words per loop iteration: a
+whole row of up to 32 KiB at once, so every load of the row is in flight before the
+first store.
 """
 
 import torch
@@ -10,7 +12,7 @@ import triton
 import triton.language as tl
 
 WORD_DTYPES = {4: torch.int32, 2: torch.int16, 1: torch.uint8}
-MAX_BLOCK = 4096  # words per iteration: 16 KiB of int32, 32 per thread at 4 warps
+MAX_BLOCK = 8192  # words per iteration: a whole 32 KiB row of int32, 32 per thread at 8 warps
 
 
 @triton.jit
@@ -49,5 +51,5 @@ def launch(table, src_base, dst_base, src_offsets, dst_offsets):
         ROW=table.row_words,
         ALIGN=table.align_words,
         BLOCK=block,
-        num_warps=4 if block >= 512 else 1,
+        num_warps=8 if block >= 4096 else 4 if block >= 512 else 1,
     )

@@ -31,7 +31,13 @@ from typing import Any
 
 import torch
 
-from dynask.kv.block_copy import block_runs, copy_blocks, copy_blocks_per_tensor
+from dynask.kv.block_copy import (
+    block_runs,
+    copy_blocks,
+    copy_blocks_per_tensor,
+    copy_rows,
+    row_table,
+)
 from dynask.kv.transfer import TransferId
 from dynask.kv.transfer_ipc import IPCTransport
 
@@ -47,10 +53,12 @@ def cache(num_blocks: int) -> list[torch.Tensor]:
 
 
 def plans(args: argparse.Namespace) -> dict[str, tuple[list[int], list[int]]]:
-    """Transfer id -> (source ids, destination ids); consecutive, then scattered."""
+    """Transfer id -> (source ids, destination ids); consecutive, then scattered, then one
+    block (the fixed cost of a transfer: control messages, table, launch, sync)."""
     rng = random.Random(0)
     out = {}
     for r in range(args.repeats + 1):
+        out[f"one-{r}"] = ([7], [9])
         out[f"contiguous-{r}"] = (list(range(args.blocks)), list(range(args.blocks)))
         out[f"scattered-{r}"] = (
             rng.sample(range(args.cache_blocks), args.blocks),
@@ -90,7 +98,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     address = (await receiver.stdout.readline()).decode().strip()
     source = cache(args.cache_blocks)
     sender = IPCTransport()
-    times: dict[str, list[float]] = {"contiguous": [], "scattered": []}
+    times: dict[str, list[float]] = {"one": [], "contiguous": [], "scattered": []}
     for tid, (src, _) in plans(args).items():
         kind, repeat = tid.rsplit("-", 1)
         start = time.perf_counter()
@@ -109,23 +117,38 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     local_times: dict[tuple[str, str], float] = {}
     for kind in ("contiguous", "scattered"):
         src, dst = plan[f"{kind}-1"]
-        for name, copy in (("fused", copy_blocks), ("per tensor", copy_blocks_per_tensor)):
-            copy(source, src, local, dst)
-            local_times[kind, name] = statistics.median(
-                timed(lambda c=copy, s=src, d=dst: c(source, s, local, d))  # type: ignore[misc]
-                for _ in range(args.repeats)
-            )
+        table = row_table(source, src, local, dst)
+        assert table is not None
+        steps = (
+            ("fused", lambda s=src, d=dst: copy_blocks(source, s, local, d)),
+            ("per tensor", lambda s=src, d=dst: copy_blocks_per_tensor(source, s, local, d)),
+            ("fused: launch only", lambda t=table: copy_rows(t, source[0], local[0])),
+        )
+        for name, action in steps:
+            action()
+            local_times[kind, name] = statistics.median(timed(action) for _ in range(args.repeats))
+        local_times[kind, "fused: table only"] = statistics.median(
+            timed(lambda s=src, d=dst: row_table(source, s, local, d)) for _ in range(args.repeats)
+        )
     rows: list[dict[str, Any]] = [{"path": "device copy_() of one tensor", "s": d2d}]
     for kind in ("contiguous", "scattered"):
         runs = len(block_runs(*plan[f"{kind}-1"]))
         rows.append(
             {"path": f"CUDA IPC, {kind} ({runs} runs)", "s": statistics.median(times[kind])}
         )
-        for name in ("fused", "per tensor"):
+        for name in ("fused", "fused: launch only", "per tensor"):
             rows.append({"path": f"in-process {name}, {kind}", "s": local_times[kind, name]})
     for row in rows:
         row["GB/s"] = nbytes / row["s"] / 1e9
         row["of_copy"] = d2d / row["s"]
+    # Fixed costs, no rate: one block over IPC; planning the table on the CPU.
+    rows.append({"path": "CUDA IPC, one block", "s": statistics.median(times["one"])})
+    for kind in ("contiguous", "scattered"):
+        rows.append(
+            {"path": f"row_table only, {kind}", "s": local_times[kind, "fused: table only"]}
+        )
+    for row in rows:
+        row.setdefault("GB/s", None)
     return {"bytes": nbytes, "blocks": args.blocks, "rows": rows}
 
 
@@ -142,11 +165,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     result = asyncio.run(measure(args))
     print(f"{result['bytes'] / 2**30:.2f} GiB ({args.blocks} blocks of 2 MiB) per transfer")
-    print(f"{'path':<40} {'ms':>8} {'GB/s':>8} {'of copy':>8}")
+    print(f"{'path':<44} {'ms':>8} {'GB/s':>8} {'of copy':>8}")
     for row in result["rows"]:
-        print(
-            f"{row['path']:<40} {row['s'] * 1e3:>8.2f} {row['GB/s']:>8.1f} {row['of_copy']:>8.0%}"
-        )
+        rate = "" if row["GB/s"] is None else f"{row['GB/s']:>8.1f} {row['of_copy']:>8.0%}"
+        print(f"{row['path']:<44} {row['s'] * 1e3:>8.3f} {rate}")
     result.update(
         timestamp=datetime.now(UTC).isoformat(timespec="seconds"),
         gpu=torch.cuda.get_device_name(),

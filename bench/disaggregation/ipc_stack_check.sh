@@ -7,8 +7,8 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/ipc-check
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-    .devcarry/whl/*.whl || exit 1
+[ -d /tmp/site/distributed ] || python3 -m pip install -q --no-index --no-deps --no-compile \
+    --no-cache-dir --target /tmp/site .devcarry/whl/*.whl || exit 1
 mkdir -p /tmp/ns/dynask
 for d in kv actors control_plane web migrations; do ln -sfn "$PWD/$d" /tmp/ns/dynask/$d; done
 export PYTHONPATH=/tmp/ns:$PWD:/tmp/site PYTHONUNBUFFERED=1 DYNASK_CACHE_DIR=/tmp/dynask-cache
@@ -23,7 +23,10 @@ serve() {  # $1: name; the rest: dynask run's placement flags
     server=$!
     # /ready: every engine up (a request sent before the decode engine is up is served by
     # the prefill engine alone)
-    for _ in $(seq 1 90); do sleep 1; curl -sf localhost:18990/ready | grep -q '"ready"' && break; done
+    for _ in $(seq 1 90); do
+        sleep 1; curl -sf localhost:18990/ready | grep -q '"ready"' && break
+        kill -0 $server 2>/dev/null || { echo "$name: dynask run exited"; tail -n 40 "/tmp/ipc-check/$name.log"; return 1; }
+    done
     python3 - "$name" <<'PY'
 import json, sys, urllib.request
 base = "http://127.0.0.1:18990"
@@ -46,6 +49,7 @@ PY
 
 serve disagg --prefill-workers 1 --decode-workers 1 --engines-per-gpu 2 --kv-transport cuda_ipc
 serve agg --workers 1
+for name in disagg agg; do tail -n 30 "/tmp/ipc-check/$name.log" > "$OUT/ipc-$name-server.log"; done
 python3 -c 'import json; a, d = (json.load(open(f"/tmp/ipc-check/{m}.json")) for m in ("agg", "disagg"))
 print("greedy disagg == agg:", a == d, [x == y for x, y in zip(a, d)])'
 grep -E -B3 -A30 "Traceback|the copy failed|remote prefill of" /tmp/ipc-check/disagg.log | head -150 \

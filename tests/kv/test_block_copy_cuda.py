@@ -45,7 +45,7 @@ def test_one_launch_moves_exactly_the_blocks_of_a_per_tensor_copy(
     assert block_copy._kernel() is not None, "Triton must be there on a CUDA machine"
     rng = random.Random(layout)
     if layout == "consecutive":
-        src_ids, dst_ids = list(range(10, 150)), list(range(300, 440))
+        src_ids, dst_ids = list(range(10, 160)), list(range(300, 450))
     else:
         src_ids, dst_ids = rng.sample(range(200), 150), rng.sample(range(512), 150)
     source = cuda_caches(200, shape, dtype, skew, seed=11)

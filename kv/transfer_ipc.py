@@ -46,7 +46,7 @@ import torch
 import torch.multiprocessing
 from torch.multiprocessing.reductions import reduce_tensor
 
-from dynask.kv.block_copy import copy_blocks
+from dynask.kv.gpu.block_copy import BlockLayout, copy_blocks
 from dynask.kv.transfer import TransferError, TransferId
 
 _LENGTH = struct.Struct(">I")
@@ -71,6 +71,7 @@ class _Peer:
     lock: asyncio.Lock
     handles: list[Any] | None = None  # the receiver's answer to "handles"
     caches: list[torch.Tensor] | None = None  # its tensors, opened in the copying thread
+    layout: BlockLayout | None = None  # where our caches and its lie, found at the first copy
 
 
 class IPCTransport:
@@ -251,7 +252,7 @@ def _open_and_copy(
     if peer.caches is None:
         assert peer.handles is not None
         peer.caches = _open(peer.handles)
-    copy_blocks(caches, src_ids, peer.caches, dst_ids)
+    peer.layout = copy_blocks(caches, src_ids, peer.caches, dst_ids, peer.layout)
 
 
 # ---- handles ----------------------------------------------------------------------------

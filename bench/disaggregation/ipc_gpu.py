@@ -8,7 +8,7 @@ blocks with ``IPCTransport.send_blocks`` — consecutive block ids, then scatter
 (random ids on both sides, as after a while of serving) — and, in the same run, times
 ``copy_()`` of one contiguous tensor of the same size on the device (the ceiling) and
 the same block copies between two caches of this process (no IPC), fused (one Triton
-launch over a table of rows: ``kv.block_copy``, what the transport uses) and tensor by
+launch over a table of rows: ``kv.gpu.block_copy``, what the transport uses) and tensor by
 tensor (the copies before it). Each figure is the median of ``--repeats`` runs after a
 warm-up; a transfer's time includes its control messages, the table's trip to the
 device and the final synchronisation. Rates are bytes moved / time.
@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from dynask.kv.block_copy import (
+from dynask.kv.gpu.block_copy import (
     block_runs,
     copy_blocks,
     copy_blocks_per_tensor,
@@ -78,6 +78,22 @@ async def serve(args: argparse.Namespace) -> None:
     await asyncio.wait_for(asyncio.gather(*futures), 300)
     await asyncio.sleep(0.5)  # the last "done" is answered before the listener closes
     await receiver.close()
+
+
+def short_case(path: str) -> str:
+    """The row's label in the PNG (``bench.common.plots`` labels rows by short strings)."""
+    for long, short in (
+        ("device copy_() of one tensor", "copy_ one tensor"),
+        ("CUDA IPC, one block", "IPC one block"),
+        ("CUDA IPC, ", "IPC "),
+        ("in-process fused: launch only, ", "launch "),
+        ("in-process fused, ", "fused "),
+        ("in-process per tensor, ", "per-tensor "),
+        ("row_table only, ", "table "),
+    ):
+        if path.startswith(long):
+            return (short + path[len(long) :].split(" (")[0])[:24]
+    return path[:24]
 
 
 def timed(action: Any) -> float:
@@ -149,6 +165,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         )
     for row in rows:
         row.setdefault("GB/s", None)
+        row["case"] = short_case(row["path"])
     return {"bytes": nbytes, "blocks": args.blocks, "rows": rows}
 
 

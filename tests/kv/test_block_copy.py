@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dynask.kv.block_copy import block_runs, copy_blocks, row_table
+from dynask.kv.gpu.block_copy import BlockLayout, block_runs, copy_blocks, row_table
 
 
 def views(buffer: torch.Tensor, starts: list[int], blocks: int, shape: tuple[int, ...]):
@@ -104,3 +104,23 @@ def test_caches_that_do_not_fit_one_table_have_none() -> None:
     assert row_table([strided], [0], [torch.zeros(3, 6, 4)], [1]) is None
     mixed = [torch.zeros(4, 2, 3), torch.zeros(4, 2, 5)]  # blocks of two sizes
     assert row_table(mixed, [0], [torch.zeros(4, 2, 3), torch.zeros(4, 2, 5)], [1]) is None
+
+
+def test_a_layout_found_once_plans_every_transfer_between_the_same_caches() -> None:
+    buffer = torch.zeros(200, dtype=torch.float32)
+    sources = views(buffer, [0, 24], 3, (2, 4))
+    destinations = views(buffer, [64, 128], 4, (2, 4))
+    layout = BlockLayout.of(sources, destinations)
+    assert layout is not None
+    for src_ids, dst_ids in (([2, 0], [3, 1]), ([1], [0]), ([], [])):
+        reused, fresh = (
+            layout.rows(src_ids, dst_ids),
+            row_table(sources, src_ids, destinations, dst_ids),
+        )
+        assert fresh is not None
+        assert reused.src_offsets.tolist() == fresh.src_offsets.tolist()
+        assert reused.dst_offsets.tolist() == fresh.dst_offsets.tolist()
+    assert layout.fits(list(sources), list(destinations))
+    assert not layout.fits([s.clone() for s in sources], destinations)  # other tensors
+    assert not layout.fits(sources[:1], destinations[:1])
+    assert copy_blocks(sources, [0], destinations, [0], layout) is None  # CPU: per tensor

@@ -10,8 +10,8 @@ import random
 import pytest
 import torch
 
-from dynask.kv import block_copy
-from dynask.kv.block_copy import copy_blocks, copy_blocks_per_tensor, row_table
+from dynask.kv.gpu import block_copy
+from dynask.kv.gpu.block_copy import copy_blocks, copy_blocks_per_tensor, row_table
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

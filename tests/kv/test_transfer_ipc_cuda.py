@@ -12,7 +12,7 @@ import textwrap
 import pytest
 import torch
 
-from dynask.kv.block_copy import MAX_RUNS_AS_SLICES
+from dynask.kv.gpu.block_copy import MAX_RUNS_AS_SLICES
 from dynask.kv.transfer import TransferId
 from dynask.kv.transfer_ipc import IPCTransport
 

@@ -7,10 +7,18 @@ Design decisions:
   CPU (tests) as POSIX shared memory. A sender opens them once per receiver and copies
   its blocks device to device into the receiver's *reserved* blocks: no staging tensor
   on either side, no host memory, no PCIe crossing on one GPU.
+- The copy is one fused launch over every layer's blocks (``block_copy``), on a stream
+  of its own, so it waits neither for the sender's engine nor on 64 copies.
 - Only control messages cross a socket (a 4-byte length, then msgpack): ``handles``;
   ``begin`` (the receiver answers with the destination block ids, or ``gone`` when it
   no longer expects the transfer, so a late sender never writes into blocks that were
-  given back); ``done`` after the sender's stream synchronised; ``abort``.
+  given back); ``done`` after the copy finished, and ``abort``: these two get no answer
+  (the connection is ordered, so a transfer costs one round trip).
+- A process cannot open its own CUDA IPC handles (CUDA answers "invalid device
+  context"), so the handles name the process that shared them and a sender refuses its
+  own with a ``TransferError`` that says so. (A prefill actor that served a request by
+  itself and sent its KV to itself failed exactly so on the H200; the orchestrator no
+  longer plans that.)
 - A transfer being written cannot be forgotten at once: ``forget`` during a write
   cancels the future but keeps the blocks' claim until ``done``, ``abort`` or the
   connection breaks; ``writes_done`` waits for that, and the caller releases the
@@ -24,24 +32,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import pickle
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
+from uuid import uuid4
 
 import msgpack
 import torch
 import torch.multiprocessing
 from torch.multiprocessing.reductions import reduce_tensor
 
+from dynask.kv.gpu.block_copy import BlockLayout, copy_blocks
 from dynask.kv.transfer import TransferError, TransferId
 
 _LENGTH = struct.Struct(">I")
 log = logging.getLogger(__name__)
-MAX_RUNS_AS_SLICES = 64  # more runs of consecutive blocks than this: one gather per tensor
 CONNECT_TIMEOUT_S = 10.0
+_NO_ANSWER = ("done", "abort")  # verbs the receiver does not answer
 
 
 @dataclass(eq=False)
@@ -60,6 +71,7 @@ class _Peer:
     lock: asyncio.Lock
     handles: list[Any] | None = None  # the receiver's answer to "handles"
     caches: list[torch.Tensor] | None = None  # its tensors, opened in the copying thread
+    layout: BlockLayout | None = None  # where our caches and its lie, found at the first copy
 
 
 class IPCTransport:
@@ -83,7 +95,7 @@ class IPCTransport:
         """Offers this engine's paged cache tensors (dim 0: block) to senders."""
         if caches:
             bind_device(caches[0].device)
-        self._handles = pickle.dumps([_handle(tensor) for tensor in caches])
+        self._handles = pickle.dumps((process_id(), [_handle(tensor) for tensor in caches]))
 
     def expect_blocks(self, transfer_id: TransferId, block_ids: list[int]) -> asyncio.Future[None]:
         if transfer_id in self._incoming:
@@ -121,7 +133,9 @@ class IPCTransport:
         async with peer.lock:
             try:
                 if peer.handles is None:
-                    peer.handles = await _ask(peer, ["handles"])
+                    handles = await _ask(peer, ["handles"])
+                    check_openable(handles)
+                    peer.handles = handles
                 reply = await _ask(peer, ["begin", transfer_id, len(block_ids)])
                 if reply[0] != "ok":
                     return False
@@ -129,9 +143,9 @@ class IPCTransport:
                     await asyncio.to_thread(_open_and_copy, peer, caches, block_ids, reply[1])
                 except (RuntimeError, ValueError) as exc:
                     log.warning("transfer %s: the copy failed", transfer_id, exc_info=True)
-                    await _ask(peer, ["abort", transfer_id, str(exc)])
+                    await _write(peer.writer, ["abort", transfer_id, str(exc)])
                     raise TransferError(f"transfer {transfer_id}: the copy failed: {exc}") from exc
-                await _ask(peer, ["done", transfer_id])
+                await _write(peer.writer, ["done", transfer_id])
                 return True
             except (OSError, EOFError, asyncio.IncompleteReadError) as exc:
                 self._drop_peer(address)
@@ -153,7 +167,8 @@ class IPCTransport:
             while True:
                 message = await _read(reader)
                 reply = self._answer(message, begun)
-                await _write(writer, reply)
+                if message[0] not in _NO_ANSWER:
+                    await _write(writer, reply)
         except (OSError, EOFError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -224,12 +239,10 @@ class IPCTransport:
 
 
 def bind_device(device: torch.device) -> None:
-    """Makes ``device``'s primary context current in this thread. A thread that never
-    ran CUDA work (a Dask worker's event loop, a pool thread) has none, and CUDA IPC calls
-    there fail with "invalid device context" (seen on the H200, 2026-12-01)."""
+    """Makes ``device`` current in this thread (a Dask worker's pool thread starts on
+    device 0), so the handles open and the copy runs on the cache's own GPU."""
     if device.type == "cuda":
         torch.cuda.set_device(device)
-        torch.cuda.synchronize(device)
 
 
 def _open_and_copy(
@@ -239,53 +252,7 @@ def _open_and_copy(
     if peer.caches is None:
         assert peer.handles is not None
         peer.caches = _open(peer.handles)
-    copy_blocks(caches, src_ids, peer.caches, dst_ids)
-
-
-def block_runs(src_ids: Sequence[int], dst_ids: Sequence[int]) -> list[tuple[int, int, int]]:
-    """(source start, destination start, length) of runs consecutive on both sides."""
-    if len(src_ids) != len(dst_ids):
-        raise ValueError(f"{len(src_ids)} source blocks for {len(dst_ids)} destination blocks")
-    runs: list[tuple[int, int, int]] = []
-    for src, dst in zip(src_ids, dst_ids, strict=True):
-        if runs and runs[-1][0] + runs[-1][2] == src and runs[-1][1] + runs[-1][2] == dst:
-            start_src, start_dst, length = runs[-1]
-            runs[-1] = (start_src, start_dst, length + 1)
-        else:
-            runs.append((src, dst, 1))
-    return runs
-
-
-def copy_blocks(
-    sources: Sequence[torch.Tensor],
-    src_ids: Sequence[int],
-    destinations: Sequence[torch.Tensor],
-    dst_ids: Sequence[int],
-) -> None:
-    """Copies blocks tensor by tensor (slices per run, or one gather when fragmented) and
-    waits until the copies finished."""
-    if len(sources) != len(destinations):
-        raise ValueError(f"{len(sources)} cache tensors here, {len(destinations)} there")
-    runs = block_runs(src_ids, dst_ids)
-    gather = len(runs) > MAX_RUNS_AS_SLICES
-    if gather:  # the indices go to the devices once, not once per tensor
-        src_index = torch.tensor(list(src_ids), device=sources[0].device)
-        dst_index = torch.tensor(list(dst_ids), device=destinations[0].device)
-    for src, dst in zip(sources, destinations, strict=True):
-        if src.shape[1:] != dst.shape[1:] or src.dtype != dst.dtype:
-            raise ValueError(
-                f"cache blocks differ: {src.dtype}{list(src.shape[1:])} here, "
-                f"{dst.dtype}{list(dst.shape[1:])} there"
-            )
-        if gather:  # rows of whole blocks: one gather and one scatter per tensor
-            rows = src.view(src.shape[0], -1).index_select(0, src_index)
-            dst.view(dst.shape[0], -1).index_copy_(0, dst_index, rows.to(dst.device))
-        else:
-            for s, d, n in runs:
-                dst[d : d + n].copy_(src[s : s + n], non_blocking=True)
-    for tensor in (*sources[:1], *destinations[:1]):
-        if tensor.device.type == "cuda":
-            torch.cuda.synchronize(tensor.device)
+    peer.layout = copy_blocks(caches, src_ids, peer.caches, dst_ids, peer.layout)
 
 
 # ---- handles ----------------------------------------------------------------------------
@@ -296,23 +263,43 @@ _DEVICE_ARG = 6  # storage_device in rebuild_cuda_tensor's arguments
 def _handle(tensor: torch.Tensor) -> tuple[str, Any]:
     if tensor.device.type == "cuda":
         rebuild, args = reduce_tensor(tensor)  # type: ignore[no-untyped-call]
-        uuid = str(torch.cuda.get_device_properties(tensor.device).uuid)
-        return "cuda", (uuid, pickle.dumps((rebuild, args)))
+        gpu = str(torch.cuda.get_device_properties(tensor.device).uuid)
+        return "cuda", (gpu, pickle.dumps((rebuild, args)))
     # CPU caches (tests, CPU engines on one host): POSIX shared memory by file name.
     torch.multiprocessing.set_sharing_strategy("file_system")  # type: ignore[no-untyped-call]
     return "cpu", bytes(ForkingPickler.dumps(tensor))
 
 
+_PROCESS_TOKEN = uuid4().hex  # with the PID: a forked child keeps the token
+
+
+def process_id() -> str:
+    """This process, unlike any other on the host (a PID alone can repeat across PID
+    namespaces)."""
+    return f"{os.getpid()}-{_PROCESS_TOKEN}"
+
+
+def check_openable(reply: list[Any]) -> None:
+    """``TransferError`` when the handles are CUDA memory this very process shared."""
+    owner, handles = pickle.loads(reply[0])
+    if owner == process_id() and any(kind == "cuda" for kind, _ in handles):
+        raise TransferError(
+            "the receiver's paged cache was shared by this very process; CUDA IPC cannot "
+            "open a process's own memory (CUDA answers 'invalid device context'): send "
+            "to another engine's process"
+        )
+
+
 def _open(reply: list[Any]) -> list[torch.Tensor]:
-    handles: list[tuple[str, Any]] = pickle.loads(reply[0])
+    _, handles = pickle.loads(reply[0])
     tensors = []
     for kind, payload in handles:
         if kind == "cpu":
             tensors.append(pickle.loads(payload))
             continue
-        uuid, packed = payload
+        gpu, packed = payload
         rebuild, args = pickle.loads(packed)
-        args = (*args[:_DEVICE_ARG], _local_index(uuid), *args[_DEVICE_ARG + 1 :])
+        args = (*args[:_DEVICE_ARG], _local_index(gpu), *args[_DEVICE_ARG + 1 :])
         tensors.append(rebuild(*args))
     return tensors
 

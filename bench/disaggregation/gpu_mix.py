@@ -124,7 +124,9 @@ def measure_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     base_url = f"http://127.0.0.1:{port}"
     with spawned(f"mix-{mode}", run_argv(mode, port, args), args.workdir) as server:
         started = time.perf_counter()
-        wait_until_ready(f"{base_url}/health", '"ready"', args.ready_timeout, [server])
+        # /ready: every deployment up. /health turns ready with the first engine, and a
+        # request sent then lands on the prefill engine alone (no disaggregation).
+        wait_until_ready(f"{base_url}/ready", '"ready"', args.ready_timeout, [server])
         ready_s = time.perf_counter() - started
         print(f"{mode}: ready in {ready_s:.0f} s", flush=True)
         model = httpx.get(f"{base_url}/v1/models").json()["data"][0]["id"]

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Issue 20's H200 run (one GPU), as sent through the device tool from the repository root:
-#   bash bench/disaggregation/gpu_serving.sh [tests,ipc,offload,mix]   (default: all, in order)
+#   bash bench/disaggregation/gpu_serving.sh [tests,ipc,workers,stack,offload,mix]
+#   (default: all, in order)
 # Needs the ignored folder .devcarry/ (whl/: dask, distributed, starlette, ... wheels;
 # tokenizer/: SmolLM2's files; see bench/README.md). Logs and JSON go to $OUT and the JSON
 # also to bench/results/.
 set -uo pipefail
-what=${1:-tests,ipc,offload,mix}
+what=${1:-tests,ipc,workers,stack,offload,mix}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
@@ -17,12 +18,19 @@ nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
 python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' | tee -a "$OUT/gpu.txt"
 
 run_tests() {
-    timeout 120 python3 -m pytest -q -s -p no:cacheprovider tests/kv/test_transfer_ipc_cuda.py 2>&1 \
+    timeout 150 python3 -m pytest -q -s -p no:cacheprovider --durations=5 \
+        tests/kv/test_transfer_ipc_cuda.py tests/kv/test_block_copy_cuda.py 2>&1 \
         | tee "$OUT/tests-ipc-cuda.log"
 }
 run_ipc() {
     timeout 120 python3 -m bench.disaggregation.ipc_gpu 2>&1 | tee "$OUT/ipc.log"
     cp bench/results/disagg-ipc-h200.json "$OUT/" 2>/dev/null
+}
+run_workers() {  # CUDA IPC between real Dask worker processes, case by case
+    timeout 150 python3 -m bench.disaggregation.ipc_worker_check 2>&1 | tee "$OUT/ipc-workers.log"
+}
+run_stack() {  # dynask run, a tiny model, prefill + decode over cuda_ipc: blocks moved
+    timeout 150 bash bench/disaggregation/ipc_stack_check.sh 2>&1 | tee "$OUT/ipc-stack.log"
 }
 run_mix() {
     timeout ${MIX_TIMEOUT:-330} python3 -m bench.disaggregation.gpu_mix \

@@ -7,9 +7,11 @@ sends ``--blocks`` blocks (default 512: an 8k-token prompt, 1 GiB) into its rese
 blocks with ``IPCTransport.send_blocks`` — consecutive block ids, then scattered ones
 (random ids on both sides, as after a while of serving) — and, in the same run, times
 ``copy_()`` of one contiguous tensor of the same size on the device (the ceiling) and
-the same block copies between two caches of this process (no IPC). Each figure is the
-median of ``--repeats`` runs after a warm-up; a transfer's time includes its control
-messages and the final synchronisation. Rates are bytes moved / time.
+the same block copies between two caches of this process (no IPC), fused (one Triton
+launch over a table of rows: ``kv.gpu.block_copy``, what the transport uses) and tensor by
+tensor (the copies before it). Each figure is the median of ``--repeats`` runs after a
+warm-up; a transfer's time includes its control messages, the table's trip to the
+device and the final synchronisation. Rates are bytes moved / time.
 
     python -m bench.disaggregation.ipc_gpu          # on the H200 (gpu_serving.sh runs it)
 """
@@ -29,8 +31,15 @@ from typing import Any
 
 import torch
 
+from dynask.kv.gpu.block_copy import (
+    block_runs,
+    copy_blocks,
+    copy_blocks_per_tensor,
+    copy_rows,
+    row_table,
+)
 from dynask.kv.transfer import TransferId
-from dynask.kv.transfer_ipc import IPCTransport, block_runs, copy_blocks
+from dynask.kv.transfer_ipc import IPCTransport
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "disagg-ipc-h200.json"
 LAYERS, BLOCK = 32, (16, 8, 128)
@@ -44,10 +53,12 @@ def cache(num_blocks: int) -> list[torch.Tensor]:
 
 
 def plans(args: argparse.Namespace) -> dict[str, tuple[list[int], list[int]]]:
-    """Transfer id -> (source ids, destination ids); consecutive, then scattered."""
+    """Transfer id -> (source ids, destination ids); consecutive, then scattered, then one
+    block (the fixed cost of a transfer: control messages, table, launch, sync)."""
     rng = random.Random(0)
     out = {}
     for r in range(args.repeats + 1):
+        out[f"one-{r}"] = ([7], [9])
         out[f"contiguous-{r}"] = (list(range(args.blocks)), list(range(args.blocks)))
         out[f"scattered-{r}"] = (
             rng.sample(range(args.cache_blocks), args.blocks),
@@ -69,6 +80,22 @@ async def serve(args: argparse.Namespace) -> None:
     await receiver.close()
 
 
+def short_case(path: str) -> str:
+    """The row's label in the PNG (``bench.common.plots`` labels rows by short strings)."""
+    for long, short in (
+        ("device copy_() of one tensor", "copy_ one tensor"),
+        ("CUDA IPC, one block", "IPC one block"),
+        ("CUDA IPC, ", "IPC "),
+        ("in-process fused: launch only, ", "launch "),
+        ("in-process fused, ", "fused "),
+        ("in-process per tensor, ", "per-tensor "),
+        ("row_table only, ", "table "),
+    ):
+        if path.startswith(long):
+            return (short + path[len(long) :].split(" (")[0])[:24]
+    return path[:24]
+
+
 def timed(action: Any) -> float:
     torch.cuda.synchronize()
     start = time.perf_counter()
@@ -87,7 +114,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     address = (await receiver.stdout.readline()).decode().strip()
     source = cache(args.cache_blocks)
     sender = IPCTransport()
-    times: dict[str, list[float]] = {"contiguous": [], "scattered": []}
+    times: dict[str, list[float]] = {"one": [], "contiguous": [], "scattered": []}
     for tid, (src, _) in plans(args).items():
         kind, repeat = tid.rsplit("-", 1)
         start = time.perf_counter()
@@ -103,13 +130,21 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     d2d = statistics.median(timed(lambda: flat_dst.copy_(flat_src)) for _ in range(args.repeats))
     local = cache(args.cache_blocks)
     plan = plans(args)
-    local_times = {}
+    local_times: dict[tuple[str, str], float] = {}
     for kind in ("contiguous", "scattered"):
         src, dst = plan[f"{kind}-1"]
-        copy_blocks(source, src, local, dst)
-        local_times[kind] = statistics.median(
-            timed(lambda s=src, d=dst: copy_blocks(source, s, local, d))
-            for _ in range(args.repeats)
+        table = row_table(source, src, local, dst)
+        assert table is not None
+        steps = (
+            ("fused", lambda s=src, d=dst: copy_blocks(source, s, local, d)),
+            ("per tensor", lambda s=src, d=dst: copy_blocks_per_tensor(source, s, local, d)),
+            ("fused: launch only", lambda t=table: copy_rows(t, source[0], local[0])),
+        )
+        for name, action in steps:
+            action()
+            local_times[kind, name] = statistics.median(timed(action) for _ in range(args.repeats))
+        local_times[kind, "fused: table only"] = statistics.median(
+            timed(lambda s=src, d=dst: row_table(source, s, local, d)) for _ in range(args.repeats)
         )
     rows: list[dict[str, Any]] = [{"path": "device copy_() of one tensor", "s": d2d}]
     for kind in ("contiguous", "scattered"):
@@ -117,10 +152,20 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         rows.append(
             {"path": f"CUDA IPC, {kind} ({runs} runs)", "s": statistics.median(times[kind])}
         )
-        rows.append({"path": f"same blocks in-process, {kind}", "s": local_times[kind]})
+        for name in ("fused", "fused: launch only", "per tensor"):
+            rows.append({"path": f"in-process {name}, {kind}", "s": local_times[kind, name]})
     for row in rows:
         row["GB/s"] = nbytes / row["s"] / 1e9
         row["of_copy"] = d2d / row["s"]
+    # Fixed costs, no rate: one block over IPC; planning the table on the CPU.
+    rows.append({"path": "CUDA IPC, one block", "s": statistics.median(times["one"])})
+    for kind in ("contiguous", "scattered"):
+        rows.append(
+            {"path": f"row_table only, {kind}", "s": local_times[kind, "fused: table only"]}
+        )
+    for row in rows:
+        row.setdefault("GB/s", None)
+        row["case"] = short_case(row["path"])
     return {"bytes": nbytes, "blocks": args.blocks, "rows": rows}
 
 
@@ -129,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--serve", action="store_true", help="(internal) the receiver")
     parser.add_argument("--blocks", type=int, default=512)
     parser.add_argument("--cache-blocks", type=int, default=2048)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     if args.serve:
@@ -137,11 +182,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     result = asyncio.run(measure(args))
     print(f"{result['bytes'] / 2**30:.2f} GiB ({args.blocks} blocks of 2 MiB) per transfer")
-    print(f"{'path':<40} {'ms':>8} {'GB/s':>8} {'of copy':>8}")
+    print(f"{'path':<44} {'ms':>8} {'GB/s':>8} {'of copy':>8}")
     for row in result["rows"]:
-        print(
-            f"{row['path']:<40} {row['s'] * 1e3:>8.2f} {row['GB/s']:>8.1f} {row['of_copy']:>8.0%}"
-        )
+        rate = "" if row["GB/s"] is None else f"{row['GB/s']:>8.1f} {row['of_copy']:>8.0%}"
+        print(f"{row['path']:<44} {row['s'] * 1e3:>8.3f} {rate}")
     result.update(
         timestamp=datetime.now(UTC).isoformat(timespec="seconds"),
         gpu=torch.cuda.get_device_name(),

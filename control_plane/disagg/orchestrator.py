@@ -5,7 +5,11 @@ Design decisions:
 - A served model whose actors include both ``prefill`` and ``decode`` roles is served
   disaggregated. Requests are routed to the non-prefill actors as usual (the router's
   mode: ``kv`` weighs load and the prompt blocks each one caches); prefill actors only
-  ever prefill.
+  prefill, unless no other actor is up (``ServedModel.serving_actors``): then the one
+  a request lands on serves it alone, with no remote prefill (sending its KV to itself
+  is a wasted copy, and over ``cuda_ipc`` it fails: a process cannot open its own CUDA
+  IPC handles; so failed every remote prefill of the first H200 stack run, whose
+  requests came before the decode engine was up).
 - Conditional, as in Dynamo: the decode actor prefills by itself when the prompt's
   tokens it does not cache (by the router's index) are fewer than
   ``min_remote_prefill_tokens``, when the chosen actor has no KV listener (an
@@ -41,6 +45,7 @@ from dynask.control_plane.routing.model_routing import (
     OverloadedError,
 )
 from dynask.control_plane.serving.actor_handle import ActorHandle
+from dynask.control_plane.state.deployment import Role
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +150,9 @@ class DisaggOrchestrator:
     ) -> PrefillPlan | None:
         """A prefill actor for the request, or None when the decode actor prefills it."""
         if not prefill_actors or decode.info.kv_transfer_address is None:
+            return None
+        if decode.role == Role.PREFILL:
+            self.counters["local_on_prefill_actor"] += 1
             return None
         if len(prompt_ids) - cached_on_decode < self.options.min_remote_prefill_tokens:
             self.counters["local_short_or_cached"] += 1

@@ -50,6 +50,7 @@ DISAGG_OUTCOMES = (
     "local_prefill_busy",
     "local_handover_failed",
     "local_decided_by_decode",
+    "local_on_prefill_actor",
 )
 
 

@@ -10,6 +10,7 @@ writes nothing; a connection that breaks mid-write fails the transfer.
 from __future__ import annotations
 
 import asyncio
+import pickle
 import struct
 import sys
 import textwrap
@@ -19,7 +20,7 @@ import pytest
 import torch
 
 from dynask.kv.transfer import TransferError, TransferId
-from dynask.kv.transfer_ipc import IPCTransport, block_runs, copy_blocks
+from dynask.kv.transfer_ipc import IPCTransport, check_openable, process_id
 
 BLOCK_SHAPE = (4, 2, 8)  # block_size, kv_heads, head_dim
 
@@ -35,7 +36,7 @@ def caches(num_blocks: int, seed: int | None) -> list[torch.Tensor]:
 SENDER = textwrap.dedent(
     """
     import asyncio, sys, torch
-    from dynask.kv.transfer_ipc import IPCTransport
+    from dynask.kv.transfer_ipc import IPCTransport, check_openable, process_id
     from tests.kv.test_transfer_ipc import caches
 
     async def main():
@@ -56,23 +57,6 @@ async def run_sender(address: str, transfer_id: str) -> str:
     out, _ = await process.communicate()
     assert process.returncode == 0
     return out.decode().strip()
-
-
-def test_runs_of_consecutive_blocks_are_found_on_both_sides() -> None:
-    assert block_runs([3, 4, 9, 1], [10, 11, 12, 13]) == [(3, 10, 2), (9, 12, 1), (1, 13, 1)]
-    assert block_runs([0, 1, 2], [5, 6, 7]) == [(0, 5, 3)]
-    with pytest.raises(ValueError, match="3 source blocks for 2 destination blocks"):
-        block_runs([0, 1, 2], [5, 6])
-
-
-def test_fragmented_blocks_are_gathered_in_one_copy_per_tensor() -> None:
-    src, dst = caches(200, seed=1), caches(200, seed=None)
-    src_ids = list(range(0, 200, 2))  # 100 runs of one block: over MAX_RUNS_AS_SLICES
-    dst_ids = list(range(199, 99, -1))
-    copy_blocks(src, src_ids, dst, dst_ids)
-    for s, d in zip(src, dst, strict=True):
-        assert torch.equal(d[dst_ids], s[src_ids])
-        assert bool((d[:100] == -1).all())
 
 
 def test_a_second_process_writes_straight_into_the_reserved_blocks() -> None:
@@ -157,3 +141,13 @@ def test_a_block_count_mismatch_fails_with_both_counts() -> None:
     error = asyncio.run(main())
     assert isinstance(error, TransferError)
     assert str(error) == "transfer m failed: the sender has 2 blocks; 3 are reserved"
+
+
+def test_cuda_handles_shared_by_this_very_process_are_refused_by_name() -> None:
+    """CUDA IPC cannot open a process's own memory ('invalid device context' on the
+    H200, when a prefill actor sent to itself); the sender says so before writing."""
+    cuda = [("cuda", ("GPU-uuid", b"handle"))]
+    with pytest.raises(TransferError, match="shared by this very process; CUDA IPC cannot"):
+        check_openable([pickle.dumps((process_id(), cuda))])
+    check_openable([pickle.dumps(("4242-another-process", cuda))])
+    check_openable([pickle.dumps((process_id(), [("cpu", b"shared memory")]))])

@@ -12,8 +12,9 @@ import textwrap
 import pytest
 import torch
 
+from dynask.kv.gpu.block_copy import MAX_RUNS_AS_SLICES
 from dynask.kv.transfer import TransferId
-from dynask.kv.transfer_ipc import MAX_RUNS_AS_SLICES, IPCTransport
+from dynask.kv.transfer_ipc import IPCTransport
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -167,3 +167,26 @@ def test_short_prompts_and_busy_prefill_actors_stay_local(tokenizer_folder: Path
             return dict(stack.service.disagg.counters)
 
     assert asyncio.run(main()) == {"local_short_or_cached": 1, "local_prefill_busy": 1}
+
+
+def test_a_prefill_actor_serving_alone_plans_no_remote_prefill_to_itself(
+    tokenizer_folder: Path,
+) -> None:
+    """No decode actor is up yet (or none is left): requests land on the prefill actor,
+    which serves them without sending its KV to itself. (Over cuda_ipc on the H200 that
+    self-send failed: a process cannot open its own CUDA IPC handles.)"""
+
+    async def main() -> tuple[Any, list[dict[str, Any]], dict[str, int]]:
+        options = DisaggOptions(min_remote_prefill_tokens=1)
+        async with (
+            cluster_with_actors(tokenizer_folder, 1) as proxies,
+            serving_stack(proxies, disagg=options, roles=["prefill"]) as stack,
+        ):
+            reply = await stack.complete(prompts_of_lengths([80], seed=6)[0], max_tokens=4)
+            return reply, await settle(stack), dict(stack.service.disagg.counters)
+
+    reply, (alone,), counters = asyncio.run(main())
+    assert reply.usage.completion_tokens == 4
+    assert counters == {"local_on_prefill_actor": 1}
+    assert "transfers_sent" not in alone and "transfers_received" not in alone
+    assert_all_blocks_free([alone])

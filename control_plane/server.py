@@ -24,8 +24,11 @@ from dynask.control_plane.api.app import build_app
 from dynask.control_plane.api.chat_output import ChatOptions
 from dynask.control_plane.api.engines_routes import make_engines_routes
 from dynask.control_plane.api.key_guard import ApiKeyGuard, RequireApiKey
+from dynask.control_plane.cluster.cluster_admin import ClusterAdmin
 from dynask.control_plane.cluster.gpu_placement import WorkerPlacement
 from dynask.control_plane.cluster.reconciler import ClusterRuntime
+from dynask.control_plane.cluster.remote_workers import RemoteWorkers
+from dynask.control_plane.cluster.ssh_settings import SSHOptions
 from dynask.control_plane.cluster.state_sync import (
     ActorRecorder,
     store_deployments,
@@ -91,6 +94,7 @@ class ServerOptions:
     chat: ChatOptions = field(default_factory=ChatOptions)  # tool-call and reasoning parsers
     tenant_defaults: TenantLimits = field(default_factory=TenantLimits)  # keyless tenants
     tracing: TracingOptions = field(default_factory=TracingOptions)  # OpenTelemetry, off
+    ssh: SSHOptions = field(default_factory=SSHOptions)  # workers on other hosts
 
 
 Extension = Callable[["ControlPlane"], list[BaseRoute]]
@@ -131,8 +135,13 @@ class ControlPlane:
             gpu_placements=options.gpu_placements,
             worker_plugins=[p for p in (self.tracing.worker_plugin,) if p is not None],
         )
+        self.cluster_admin = ClusterAdmin(self.runtime)
+        # Workers on other hosts (admin UI); the ones kept in the database start again
+        # once the cluster is up.
+        self.remote_workers = RemoteWorkers(self.cluster_admin, self.repo, options.ssh.settings())
         self.startup_error: BaseException | None = None
         self._all_ready: asyncio.Task[None] | None = None
+        self._restoring: asyncio.Task[None] | None = None
         self.planner = (
             PlannerLoop(options.planner, self.runtime, self.repo) if options.planner else None
         )
@@ -188,8 +197,11 @@ class ControlPlane:
             starting.cancel()
             if self._all_ready is not None:
                 self._all_ready.cancel()
+            if self._restoring is not None:
+                self._restoring.cancel()
             if self.planner is not None:
                 self.planner.stop()
+            await self.remote_workers.close()
             await self.runtime.stop()
             await asyncio.to_thread(self.recorder.close)
             await asyncio.to_thread(self.tracing.shutdown)
@@ -202,6 +214,9 @@ class ControlPlane:
                 self.planner.start()
             self._announce_ready()
             self._all_ready = asyncio.create_task(self._announce_all_ready(), name="all-ready")
+            self._restoring = asyncio.create_task(
+                self.remote_workers.restore(), name="remote-workers-restore"
+            )
             return
         self.startup_error = task.exception()
         print(f"dynask: error: the engines did not start: {self.startup_error}", file=sys.stderr)

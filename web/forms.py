@@ -12,7 +12,7 @@ from typing import Any
 
 from starlette.datastructures import FormData
 
-from dynask.control_plane.cluster.deployment_admin import DeploymentInvalidError
+from dynask.control_plane.cluster.deployment_admin import OPENAI_ARG_FIELDS, DeploymentInvalidError
 from dynask.control_plane.state.deployment import (
     BUNDLED_MODEL,
     NAME_PATTERN,
@@ -22,6 +22,9 @@ from dynask.control_plane.state.deployment import (
 
 MAX_REPLICAS = 64
 DEPLOYMENT_FIELDS = ("name", "model", "served_model_name", "engine", "role", "replicas")
+# out=openai:URL: the server's URL (kept as the deployment's engine_file, as the CLI does)
+# and the engine arguments with fields of their own.
+OPENAI_FIELDS = ("url", *OPENAI_ARG_FIELDS)
 
 
 class FormErrors(ValueError):
@@ -45,12 +48,33 @@ class DeploymentForm:
 
     @classmethod
     def from_form(cls, form: FormData) -> DeploymentForm:
-        names = (*DEPLOYMENT_FIELDS, "engine_args")
+        names = (*DEPLOYMENT_FIELDS, "engine_args", *OPENAI_FIELDS)
         return cls({name: str(form.get(name) or "").strip() for name in names})
 
     def with_error(self, error: DeploymentInvalidError | ValueError) -> DeploymentForm:
         name = error.field if isinstance(error, DeploymentInvalidError) else "name"
         return DeploymentForm(self.values, {**self.errors, name: str(error)})
+
+    def _openai_target(
+        self, engine: str, engine_args: dict[str, Any], errors: dict[str, str]
+    ) -> str | None:
+        """The server URL of an ``openai`` deployment (None for the other engines), its
+        own fields merged into ``engine_args``; what is wrong goes to ``errors``."""
+        values = self.values
+        given = [name for name in OPENAI_FIELDS if values.get(name)]
+        if engine != "openai":
+            for name in given:
+                errors[name] = f"only the openai engine takes this, not {engine}"
+            return None
+        if not values.get("url"):
+            errors["url"] = "the server's URL is required, e.g. http://gpu-1:8000/v1"
+        for name in OPENAI_ARG_FIELDS:
+            value = values.get(name)
+            if value and engine_args.get(name, value) != value:
+                errors[name] = f"the engine arguments set {name} to {engine_args[name]!r} too"
+            elif value:
+                engine_args[name] = value
+        return values.get("url") or None
 
     def spec(self) -> DeploymentSpec:
         """The deployment to create; FormErrors when a field is wrong."""
@@ -66,6 +90,7 @@ class DeploymentForm:
             )
         replicas = parse_replicas(values.get("replicas", ""), errors)
         engine_args = parse_engine_args(values.get("engine_args", ""), errors)
+        url = self._openai_target(values.get("engine", ""), engine_args, errors)
         model = values.get("model", "")
         spec: DeploymentSpec | None = None
         if not errors:
@@ -78,6 +103,7 @@ class DeploymentForm:
                     replicas=replicas,
                     engine_args=engine_args,
                     served_model_name=values.get("served_model_name") or name,
+                    engine_file=url,
                 )
             except ValueError as exc:
                 errors[_field_of(str(exc))] = _plain(str(exc))

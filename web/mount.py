@@ -15,9 +15,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
-from dynask.control_plane.cluster.cluster_admin import ClusterAdmin
 from dynask.control_plane.cluster.deployment_admin import DeploymentAdmin
-from dynask.control_plane.cluster.remote_workers import RemoteWorkers, SSHSettings
 from dynask.control_plane.server import ControlPlane
 from dynask.control_plane.state.admin_users import (
     ADMIN_PASSWORD_VARIABLE,
@@ -48,18 +46,17 @@ def admin_extension(control_plane: ControlPlane, console: TextIO = sys.stderr) -
             f"{ADMIN_PASSWORD_VARIABLE} (it differed from the stored one)",
             file=console,
         )
-    cluster = ClusterAdmin(control_plane.runtime)
     deps = AdminDeps(
         renderer=Renderer(),
         users=users,
         repo=control_plane.repo,
         service=control_plane.service,
-        cluster=cluster,
+        cluster=control_plane.cluster_admin,
         deployments=DeploymentAdmin(control_plane.repo, control_plane.runtime),
         api_keys=control_plane.api_keys,
         key_guard=control_plane.key_guard,
         keys_required=control_plane.options.require_api_key,
-        remote_workers=RemoteWorkers(cluster, control_plane.repo, SSHSettings.from_environment()),
+        remote_workers=control_plane.remote_workers,
     )
     options = control_plane.options
     print(f"dynask: admin UI on http://{options.host}:{options.port}{BASE}/", file=console)

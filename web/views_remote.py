@@ -77,8 +77,7 @@ def make_remote_routes(deps: AdminDeps, remote: RemoteWorkers) -> list[Route]:
             "page": "workers",
             "form": form,
             "remote": remote.workers(),
-            "known_hosts": str(remote.settings.known_hosts),
-            "client_key": str(remote.settings.client_key or "~/.ssh/id_* and the SSH agent"),
+            "ssh": remote.settings,
             "scheduler": deps.cluster.scheduler_address,
             "max_gpus": MAX_GPUS,
         }
@@ -110,7 +109,8 @@ def make_remote_routes(deps: AdminDeps, remote: RemoteWorkers) -> list[Route]:
         except ClusterActionError as exc:
             flash(request, "error", str(exc))
             return _back()
-        flash(request, "ok", f"Remote worker {retired.name} retired.")
+        done = "retired" if retired.state == "retired" else "removed"
+        flash(request, "ok", f"Remote worker {retired.name} {done}.")
         return _back()
 
     return [

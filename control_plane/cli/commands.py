@@ -243,6 +243,7 @@ def _server_options(
     from dynask.control_plane.cli.chat_flags import chat_options
     from dynask.control_plane.cli.planner_flags import planner_config
     from dynask.control_plane.cli.reliability_flags import reliability_options, tenant_defaults
+    from dynask.control_plane.cluster.ssh_settings import SSHOptions
     from dynask.control_plane.flags import options_from
     from dynask.control_plane.observability.tracing import TracingOptions
     from dynask.control_plane.routing.model_routing import RoutingOptions
@@ -261,4 +262,5 @@ def _server_options(
         planner=planner_config(args),
         chat=chat_options(args),
         tracing=options_from(args, TracingOptions),
+        ssh=options_from(args, SSHOptions),
     )

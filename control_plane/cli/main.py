@@ -23,6 +23,7 @@ from dynask.control_plane.cli.engine_flags import add_engine_flags
 from dynask.control_plane.cli.keys_command import add_keys_parser, keys_command
 from dynask.control_plane.cli.planner_flags import add_planner_args
 from dynask.control_plane.cli.reliability_flags import add_reliability_args
+from dynask.control_plane.cluster.ssh_settings import SSHOptions
 from dynask.control_plane.flags import Flag, add_flags
 from dynask.control_plane.observability.tracing import TracingOptions
 from dynask.control_plane.routing.model_routing import RoutingOptions
@@ -64,6 +65,7 @@ def _add_common(cmd: argparse.ArgumentParser, require_api_key: bool) -> None:
     add_flags(routing, RoutingOptions)
     add_reliability_args(cmd)
     add_flags(cmd.add_argument_group("tracing (OpenTelemetry over OTLP/HTTP)"), TracingOptions)
+    add_flags(cmd.add_argument_group("workers on other hosts (SSH, admin UI)"), SSHOptions)
     add_chat_args(cmd)
     add_planner_args(cmd)
 

@@ -31,7 +31,9 @@ from dynask.control_plane.state.repository import ActorInstance, Deployment, Rep
 
 log = logging.getLogger(__name__)
 
-DEPLOYABLE_ENGINES = ("torch", "vllm", "mocker", "echo")
+DEPLOYABLE_ENGINES = ("torch", "vllm", "mocker", "echo", "openai")
+# out=openai's engine arguments that the admin form asks for in fields of their own.
+OPENAI_ARG_FIELDS = ("kv_events_endpoint", "api_key_env")
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -69,16 +71,25 @@ def check_model(model: str) -> None:
         )
 
 
-def check_engine_args(engine: str, model: str, engine_args: Mapping[str, Any]) -> None:
-    """Raises DeploymentInvalidError unless ``engine`` takes ``engine_args``."""
+def check_engine_args(
+    engine: str, model: str, engine_args: Mapping[str, Any], url: str | None = None
+) -> None:
+    """Raises DeploymentInvalidError unless ``engine`` takes ``engine_args`` (and, for
+    ``openai``, the server's ``url``; only it takes one)."""
     if engine not in DEPLOYABLE_ENGINES:
         raise DeploymentInvalidError(
             "engine", f"engine '{engine}' is not one of {', '.join(DEPLOYABLE_ENGINES)}"
         )
+    if engine == "openai" or url is not None:
+        try:  # the URL alone first: what is wrong with it belongs beside its field
+            EngineSpec(kind=engine, url=url)
+        except ValueError as exc:
+            raise DeploymentInvalidError("url", str(exc)) from exc
     try:  # the spec checks names, types and, where cheap, value ranges
-        EngineSpec(kind=engine, model=model or None, engine_args=dict(engine_args))
+        EngineSpec(kind=engine, model=model or None, engine_args=dict(engine_args), url=url)
     except (ValueError, TypeError) as exc:
-        raise DeploymentInvalidError("engine_args", str(exc)) from exc
+        named = [n for n in OPENAI_ARG_FIELDS if engine == "openai" and f"'{n}'" in str(exc)]
+        raise DeploymentInvalidError(named[0] if named else "engine_args", str(exc)) from exc
 
 
 @dataclass(frozen=True)
@@ -102,7 +113,7 @@ class DeploymentAdmin:
 
     async def create(self, spec: DeploymentSpec, who: str) -> Deployment:
         check_model(spec.model)
-        check_engine_args(spec.engine, spec.model, spec.engine_args)
+        check_engine_args(spec.engine, spec.model, spec.engine_args, spec.engine_file)
         created = await asyncio.to_thread(self.repo.create_deployment, spec, who)
         await self.apply()
         return created

@@ -104,8 +104,8 @@ async def wait_for_pool(client: Any, pool: str, timeout: float = POOL_WAIT_S) ->
 
 
 class PoolPlacement:
-    """Where the reconciler may place what: a pool's deployment runs one replica on each
-    of the pool's workers and nowhere else; other deployments stay off pool workers."""
+    """The pools a front end serves: each pool's deployment runs one replica on each of
+    the pool's workers (where actors may go at all: ``placement_rules``)."""
 
     def __init__(self, pools: Sequence[str]) -> None:
         self.pools = frozenset(pools)
@@ -120,12 +120,6 @@ class PoolPlacement:
             else d
             for d in deployments
         ]
-
-    def allows(self, deployment: DeploymentSpec, worker: dict[str, Any]) -> bool:
-        name = str(worker.get("name", ""))
-        if deployment.name in self.pools:
-            return in_pool(name, deployment.name)
-        return not any(in_pool(name, pool) for pool in self.pools)
 
     def _members(self, pool: str, workers: list[dict[str, Any]]) -> int:
         return sum(1 for w in workers if in_pool(str(w.get("name", "")), pool))

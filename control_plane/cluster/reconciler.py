@@ -31,6 +31,7 @@ from dynask.actors.runtime.engine_actor import EngineActor
 from dynask.actors.runtime.gpu_discovery import GPUDiscoveryPlugin
 from dynask.control_plane.cluster import adoption as actor_adoption
 from dynask.control_plane.cluster.gpu_placement import PinnedLocalCluster, WorkerPlacement
+from dynask.control_plane.cluster.placement_rules import may_place
 from dynask.control_plane.cluster.plan import engine_spec
 from dynask.control_plane.cluster.pools import PoolPlacement
 from dynask.control_plane.reliability.actor_health import ActorHealth
@@ -78,7 +79,7 @@ class ClusterRuntime:
         self._used_names: set[str] = set()
         self._futures: dict[str, Any] = {}  # actor name -> its Dask future
         self.health: ActorHealth | None = None
-        self.placement: PoolPlacement | None = None  # None: any deployment on any worker
+        self.placement: PoolPlacement | None = None  # None: this control plane serves no pool
 
     def use_placement(self, placement: PoolPlacement) -> None:
         """Pools (``dyn://POOL``): their deployments follow their workers (``pools``)."""
@@ -142,9 +143,8 @@ class ClusterRuntime:
             await self._stop_surplus()
             for deployment in self.deployments:
                 missing = deployment.replicas - self._count(deployment.name)
-                free = await self._free_workers()
-                if placement is not None:
-                    free = [w for w in free if placement.allows(deployment, w)]
+                served = placement.pools if placement is not None else ()
+                free = [w for w in await self._free_workers() if may_place(deployment, w, served)]
                 for worker in free[: max(0, missing)]:
                     await self._start_actor(deployment, worker)
 

@@ -5,18 +5,23 @@ environment) and returns at once with one ``RemoteWorker`` per GPU (or one CPU w
 ``starting``; in the background it connects, checks the environment, starts the
 ``dask worker`` processes (``remote_commands``) and watches each join the scheduler
 (``joined``) or fail (``failed``, with the SSH error or the process's last output). A
-joined worker can be retired. Every step is written to the event log.
+joined worker can be retired; retiring removes it. Every step is written to the event log.
 
 Design decisions:
-- Host keys are always verified, against ``SSHSettings.known_hosts``
-  (``$DYNASK_SSH_KNOWN_HOSTS``, default ``~/.ssh/known_hosts``). A missing file or an
-  unknown key is a failure that says how to trust the host; there is no switch that
-  turns the check off.
-- The client key is ``$DYNASK_SSH_KEY`` (then only that key, no agent), else asyncssh's
-  defaults (``~/.ssh/id_*`` and the agent).
+- Host keys are always verified, against ``SSHSettings.known_hosts`` (``ssh_settings``:
+  ``--ssh-known-hosts``, ``$DYNASK_SSH_KNOWN_HOSTS``, default ``~/.ssh/known_hosts``). A
+  missing file or an unknown key is a failure that says how to trust the host; there is
+  no switch that turns the check off.
+- The client key is ``--ssh-key`` / ``$DYNASK_SSH_KEY`` (then only that key, no agent),
+  else asyncssh's defaults (``~/.ssh/id_*`` and the agent).
 - Each worker runs under a pseudo-terminal on the SSH connection that started it: when
   the connection closes (retired, or this control plane stopped or died), sshd hangs up
   the terminal and the worker process ends with it. Nothing is left running unowned.
+- So the workers are kept in the database (``RemoteWorkerStore``), each with its last
+  state: when the control plane starts again, ``restore`` logs in again and starts the
+  ones that were ``starting`` or ``joined`` under their old names; one that cannot be
+  started is shown ``exited`` with the reason. A control plane that stops leaves their
+  rows as they were, for the next one.
 - A scheduler that listens on loopback only cannot be reached from another host: such an
   add is refused with the reason, not left to time out.
 """
@@ -25,69 +30,61 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import itertools
 import logging
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
+from datetime import datetime
 from typing import Any
 
 import asyncssh
 
 from dynask.control_plane.cluster.cluster_admin import ClusterActionError, ClusterAdmin
 from dynask.control_plane.cluster.remote_commands import (
-    NO_INTERPRETER,
-    NO_PACKAGES,
     RemoteWorkerRequest,
-    environment_check,
     is_loopback,
     worker_command,
     worker_name,
+)
+from dynask.control_plane.cluster.remote_ssh import (
+    connect,
+    environment_problem,
+    last_output,
+    new_output,
+    read_output,
+    ssh_error_message,
+)
+from dynask.control_plane.cluster.ssh_settings import KNOWN_HOSTS_VARIABLE, SSHSettings
+from dynask.control_plane.state.remote_worker_store import (
+    NewRemoteWorker,
+    RemoteWorkerRecord,
+    RemoteWorkerStore,
 )
 from dynask.control_plane.state.repository import Repository
 
 log = logging.getLogger(__name__)
 
-KNOWN_HOSTS_VARIABLE = "DYNASK_SSH_KNOWN_HOSTS"
-CLIENT_KEY_VARIABLE = "DYNASK_SSH_KEY"
-CONNECT_TIMEOUT_S = 15.0
-CHECK_TIMEOUT_S = 60.0
 JOIN_TIMEOUT_S = 120.0
 JOIN_POLL_S = 0.5
-OUTPUT_LINES_KEPT = 12
 WHO = "remote-workers"  # the event log's "who" of what happens in the background
-
-
-@dataclass(frozen=True)
-class SSHSettings:
-    """Where host keys are checked and which client key logs in."""
-
-    known_hosts: Path
-    client_key: Path | None = None  # None: ~/.ssh/id_* and the agent
-
-    @classmethod
-    def from_environment(cls, env: dict[str, str] | None = None) -> SSHSettings:
-        env = dict(os.environ) if env is None else env
-        known = env.get(KNOWN_HOSTS_VARIABLE) or "~/.ssh/known_hosts"
-        key = env.get(CLIENT_KEY_VARIABLE)
-        return cls(Path(known).expanduser(), Path(key).expanduser() if key else None)
+RUNNING = ("starting", "joined")
+RESTART_FAILED = "could not be started again when the control plane restarted: "
 
 
 @dataclass
 class RemoteWorker:
     """One ``dask worker`` process on another host, as the admin UI shows it."""
 
-    id: int
+    id: int  # its stored row's
     name: str
     request: RemoteWorkerRequest
     gpu: int | None  # the GPU it is pinned to; None: a CPU worker
     who: str
-    state: str = "starting"  # starting | joined | failed | retiring | retired | exited
+    added_at: datetime
+    state: str = "starting"  # starting | joined | failed | exited | retiring | retired
     detail: str = "connecting over SSH"
     address: str | None = None  # its worker address, once joined
-    output: collections.deque[str] = field(
-        default_factory=lambda: collections.deque(maxlen=OUTPUT_LINES_KEPT)
-    )
+    joined_at: datetime | None = None
+    restarted: bool = False  # being started again after a restart (until it joins)
+    output: collections.deque[str] = field(default_factory=new_output)
     process: Any = None  # asyncssh.SSHClientProcess
 
     @property
@@ -95,19 +92,36 @@ class RemoteWorker:
         r = self.request
         return f"{r.user}@{r.host}:{r.port}"
 
+    @classmethod
+    def of(cls, record: RemoteWorkerRecord) -> RemoteWorker:
+        """The worker a stored row describes, in its stored state (no process yet)."""
+        request = RemoteWorkerRequest(
+            host=record.host,
+            user=record.ssh_user,
+            environment=record.environment,
+            port=record.port,
+            gpus=0 if record.gpu is None else 1,  # this worker's own share of its add
+        )
+        worker = cls(record.id, record.name, request, record.gpu, record.who, record.created_at)
+        worker.state, worker.joined_at = record.state, record.joined_at
+        worker.detail = record.last_error or record.state
+        return worker
+
 
 class RemoteWorkers:
-    """Starts, watches and retires workers on other hosts; owns their SSH connections."""
+    """Starts, watches and retires workers on other hosts; owns their SSH connections and
+    keeps them in the database (``RemoteWorkerStore``)."""
 
     def __init__(self, cluster: ClusterAdmin, repo: Repository, settings: SSHSettings) -> None:
         self.cluster = cluster
         self.repo = repo
         self.settings = settings
+        self.store = RemoteWorkerStore(repo.engine)
         self._workers: dict[int, RemoteWorker] = {}
-        self._ids = itertools.count(1)
-        self._serials = itertools.count(1)
+        self._last_launch = 0
         self._connections: dict[int, asyncssh.SSHClientConnection] = {}  # by worker id
         self._background: set[asyncio.Task[None]] = set()
+        self._closing = False
 
     def workers(self) -> list[RemoteWorker]:
         return sorted(self._workers.values(), key=lambda w: w.id)
@@ -116,22 +130,62 @@ class RemoteWorkers:
         """Records the workers ``starting`` and starts them in the background; raises
         ``ClusterActionError`` when they cannot be started from here at all."""
         scheduler = self._scheduler_for(request.host)
-        if not self.settings.known_hosts.is_file():
-            raise ClusterActionError(
-                f"host keys are checked against {self.settings.known_hosts}, which does not "
-                f"exist; trust the host first: ssh-keyscan -p {request.port} {request.host} "
-                f">> {self.settings.known_hosts} (set {KNOWN_HOSTS_VARIABLE} for another file)"
+        self._check_known_hosts(request)
+        launch = max(self._last_launch, await asyncio.to_thread(self.store.next_launch) - 1) + 1
+        self._last_launch = launch
+        wanted = [
+            NewRemoteWorker(
+                worker_name(launch, request.host, gpu),
+                request.host,
+                request.port,
+                request.user,
+                gpu,
+                request.environment,
             )
-        serial = next(self._serials)
-        workers = [
-            RemoteWorker(next(self._ids), worker_name(serial, request.host, gpu), request, gpu, who)
             for gpu in request.gpu_indices
         ]
+        records = await asyncio.to_thread(self.store.add, launch, wanted, who)
+        workers = [RemoteWorker.of(record) for record in records]
         for worker in workers:
+            worker.request, worker.detail = request, "connecting over SSH"
             self._workers[worker.id] = worker
             await self._log(who, "worker.remote.starting", worker, {"gpu": worker.gpu})
         self._in_background(self._launch(workers, scheduler))
         return workers
+
+    async def restore(self) -> None:
+        """Shows the stored workers and starts again the ones that were starting or
+        joined (their processes ended with the previous control plane's connections);
+        one that cannot be started is ``exited`` with the reason. Call it once the
+        cluster has started."""
+        records = await asyncio.to_thread(self.store.list)
+        self._last_launch = max([self._last_launch, *(r.launch for r in records)])
+        again: dict[int, list[RemoteWorker]] = {}
+        for record in records:
+            worker = RemoteWorker.of(record)
+            self._workers[worker.id] = worker
+            if worker.state in RUNNING:
+                worker.state, worker.restarted = "starting", True
+                worker.detail = "starting again: the control plane restarted"
+                again.setdefault(record.launch, []).append(worker)
+                await self._log(WHO, "worker.remote.restarting", worker, {"gpu": worker.gpu})
+        for workers in again.values():
+            try:
+                scheduler = self._scheduler_for(workers[0].request.host)
+                self._check_known_hosts(workers[0].request)
+            except ClusterActionError as exc:
+                await self._fail_all(workers, str(exc))
+                continue
+            self._in_background(self._launch(workers, scheduler))
+
+    def _check_known_hosts(self, request: RemoteWorkerRequest) -> None:
+        known_hosts = self.settings.known_hosts
+        if not known_hosts.is_file():
+            raise ClusterActionError(
+                f"host keys are checked against {known_hosts}, which does not exist; trust "
+                f"the host first: ssh-keyscan -p {request.port} {request.host} >> {known_hosts} "
+                f"(or choose another file with --ssh-known-hosts or {KNOWN_HOSTS_VARIABLE})"
+            )
 
     def _scheduler_for(self, host: str) -> str:
         address = self.cluster.scheduler_address
@@ -147,78 +201,57 @@ class RemoteWorkers:
         return address
 
     async def retire(self, worker_id: int, who: str) -> RemoteWorker:
-        """Closes a joined worker (the scheduler first moves its data away) and ends its
-        process; its actors are lost and the reconciler replaces them elsewhere."""
+        """Closes a running worker (the scheduler first moves its data away) and ends its
+        process; its actors are lost and the reconciler replaces them elsewhere. Either
+        way the worker is removed (a failed or exited one is only removed)."""
         worker = self._workers.get(worker_id)
         if worker is None:
             raise ClusterActionError(f"no remote worker has the id {worker_id}")
-        if worker.state not in ("joined", "starting"):
-            raise ClusterActionError(f"remote worker {worker.name} is {worker.state}, not running")
+        if worker.state not in RUNNING:
+            if worker.state == "retiring":
+                raise ClusterActionError(f"remote worker {worker.name} is retiring already")
+            await self._remove(worker)
+            await self._log(who, "worker.remote.removed", worker, {"state": worker.state})
+            return worker
         worker.state, worker.detail = "retiring", "closing the worker"
         client: Any = self.cluster.runtime.client
         if worker.address is not None and client is not None:
             await client.retire_workers(workers=[worker.address], close_workers=True)
         await self._end(worker, "retired", f"retired by {who}")
+        await self._remove(worker)
         await self._log(who, "worker.remote.retired", worker, {"address": worker.address})
         self._in_background(self.cluster.runtime.reconcile())
         return worker
 
+    async def _remove(self, worker: RemoteWorker) -> None:
+        self._workers.pop(worker.id, None)
+        await asyncio.to_thread(self.store.remove, worker.id)
+
     async def close(self) -> None:
-        """Ends every remote worker (the control plane is stopping)."""
-        for worker in self.workers():
-            if worker.state in ("starting", "joined"):
-                await self._end(worker, "retired", "the control plane stopped")
+        """Ends every remote worker's process (the control plane is stopping); their
+        stored states stay, so the next control plane starts them again."""
+        self._closing = True
         for task in list(self._background):
             task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        for worker in self.workers():
+            if worker.state in RUNNING:
+                await self._end(worker, worker.state, "the control plane stopped")
 
     async def _launch(self, workers: list[RemoteWorker], scheduler: str) -> None:
         request = workers[0].request
         try:
-            connection = await self._connect(request)
+            connection = await connect(request, self.settings)
         except (asyncssh.Error, OSError, TimeoutError) as exc:
             await self._fail_all(workers, ssh_error_message(exc, request, self.settings))
             return
         for worker in workers:
             self._connections[worker.id] = connection
-        problem = await self._check_environment(connection, request)
+        problem = await environment_problem(connection, request)
         if problem is not None:
             await self._fail_all(workers, problem)
             return
         await asyncio.gather(*(self._start_worker(w, connection, scheduler) for w in workers))
-
-    async def _connect(self, request: RemoteWorkerRequest) -> asyncssh.SSHClientConnection:
-        key = self.settings.client_key
-        options: dict[str, Any] = {}
-        if key is not None:
-            options = {"client_keys": [str(key)], "agent_path": None}
-        return await asyncio.wait_for(
-            asyncssh.connect(
-                request.host,
-                port=request.port,
-                username=request.user,
-                known_hosts=str(self.settings.known_hosts),
-                connect_timeout=CONNECT_TIMEOUT_S,
-                **options,
-            ),
-            CONNECT_TIMEOUT_S * 2,
-        )
-
-    async def _check_environment(
-        self, connection: asyncssh.SSHClientConnection, request: RemoteWorkerRequest
-    ) -> str | None:
-        """None if the environment runs Dask and dynask, else why not."""
-        done = await asyncio.wait_for(
-            connection.run(environment_check(request.environment), check=False), CHECK_TIMEOUT_S
-        )
-        if done.exit_status == 0:
-            return None
-        said = str(done.stderr or done.stdout or "").strip().splitlines()
-        last = said[-1] if said else f"exit status {done.exit_status}"
-        if done.exit_status == NO_INTERPRETER:
-            return f"no such environment on {request.host}: {last}"
-        if done.exit_status == NO_PACKAGES:
-            return f"the environment {request.environment} cannot run a dynask worker: {last}"
-        return f"checking the environment {request.environment} failed: {last}"
 
     async def _start_worker(
         self, worker: RemoteWorker, connection: asyncssh.SSHClientConnection, scheduler: str
@@ -232,18 +265,24 @@ class RemoteWorkers:
         except (asyncssh.Error, OSError) as exc:
             await self._fail(worker, f"starting dask worker over SSH failed: {exc}")
             return
-        reading = asyncio.create_task(_read_output(worker))
+        reading = asyncio.create_task(read_output(worker.process, worker.output))
         address = await self._wait_joined(worker)
         if address is None:
             reading.cancel()
             return
-        worker.state, worker.address = "joined", address
-        worker.detail = f"joined as {address}"
+        worker.address = address
+        stored = await asyncio.to_thread(self.store.set_state, worker.id, "joined")
         await self._log(WHO, "worker.remote.joined", worker, {"address": address})
+        if worker.state != "starting":  # retired meanwhile
+            reading.cancel()
+            return
+        worker.state, worker.detail, worker.restarted = "joined", f"joined as {address}", False
+        worker.joined_at = stored.joined_at if stored is not None else None
         self._in_background(self.cluster.runtime.reconcile())
         await reading  # until the process ends
         if worker.state == "joined":  # it ended by itself
-            await self._fail(worker, f"the worker process ended: {_last_output(worker)}", "exited")
+            ended = f"the worker process ended: {last_output(worker.output)}"
+            await self._fail(worker, ended, "exited")
 
     async def _wait_joined(self, worker: RemoteWorker) -> str | None:
         """The worker's address once the scheduler has it; None (and ``failed``) if its
@@ -255,7 +294,7 @@ class RemoteWorkers:
                 return None  # retired meanwhile
             if worker.process.exit_status is not None or worker.process.is_closing():
                 await asyncio.sleep(JOIN_POLL_S)  # the rest of its output
-                await self._fail(worker, f"dask worker exited: {_last_output(worker)}")
+                await self._fail(worker, f"dask worker exited: {last_output(worker.output)}")
                 return None
             info = await client.scheduler.identity(n_workers=-1)
             for address, seen in info["workers"].items():
@@ -263,7 +302,7 @@ class RemoteWorkers:
                     return str(address)
             await asyncio.sleep(JOIN_POLL_S)
         await self._fail(
-            worker, f"did not join within {JOIN_TIMEOUT_S:.0f}s: {_last_output(worker)}"
+            worker, f"did not join within {JOIN_TIMEOUT_S:.0f}s: {last_output(worker.output)}"
         )
         return None
 
@@ -272,9 +311,18 @@ class RemoteWorkers:
             await self._fail(worker, message)
 
     async def _fail(self, worker: RemoteWorker, message: str, state: str = "failed") -> None:
+        """Ends ``worker`` as ``state`` with ``message``, stored and logged; one being
+        started again after a restart ends ``exited``, saying so. Not while the control
+        plane stops (its stored state stays, for the next one)."""
+        if self._closing or worker.state not in RUNNING:
+            return  # stopping, or retired meanwhile
+        if worker.restarted:
+            state, message = "exited", RESTART_FAILED + message
         log.warning("remote worker %s (%s): %s", worker.name, worker.where, message)
-        await self._end(worker, state, message)
+        # Stored and logged before the state changes: whoever sees it ended sees why.
+        await asyncio.to_thread(self.store.set_state, worker.id, state, message)
         await self._log(WHO, f"worker.remote.{state}", worker, {"error": message})
+        await self._end(worker, state, message)
 
     async def _end(self, worker: RemoteWorker, state: str, detail: str) -> None:
         """Sets the final state, ends the process and closes a connection nobody uses."""
@@ -315,22 +363,3 @@ async def _read_output(worker: RemoteWorker) -> None:
 
 def _last_output(worker: RemoteWorker) -> str:
     return worker.output[-1] if worker.output else "no output"
-
-
-def ssh_error_message(exc: BaseException, request: RemoteWorkerRequest, ssh: SSHSettings) -> str:
-    """What went wrong connecting, with the SSH error and what to do about it."""
-    where = f"{request.user}@{request.host}:{request.port}"
-    if isinstance(exc, asyncssh.HostKeyNotVerifiable):
-        return (
-            f"host key refused: {exc} (checked against {ssh.known_hosts}); if the host is the "
-            f"one you mean, add its key: ssh-keyscan -p {request.port} {request.host} >> "
-            f"{ssh.known_hosts}"
-        )
-    if isinstance(exc, asyncssh.PermissionDenied):
-        key = ssh.client_key or "~/.ssh/id_* and the agent"
-        return f"authentication refused for {where}: {exc} (client key: {key})"
-    if isinstance(exc, asyncssh.Error):
-        return f"SSH error with {where}: {exc}"
-    if isinstance(exc, TimeoutError):
-        return f"host unreachable: {where} did not answer within {CONNECT_TIMEOUT_S:.0f}s"
-    return f"host unreachable: {where}: {exc}"

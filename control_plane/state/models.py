@@ -1,5 +1,5 @@
 """SQLAlchemy models of the control plane's state: deployments, actors, events,
-admin users, API keys.
+admin users, API keys, workers on other hosts.
 
 Design decisions:
 - The schema is created only by the Alembic migrations in ``migrations/``; these models
@@ -33,6 +33,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from dynask.control_plane.state.deployment import ENGINES, ROLES
 
 ACTOR_STATUSES = ("starting", "ready", "failed", "stopped", "lost")
+# What a remote worker's stored row may say (``retiring`` and ``retired`` are never stored:
+# retiring removes the row).
+REMOTE_WORKER_STATES = ("starting", "joined", "failed", "exited")
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -194,3 +197,29 @@ class ResponseRow(Base):
     conversation: Mapped[list[dict[str, Any]]]  # chat messages, this response's output last
     body: Mapped[dict[str, Any]]  # the response object as the API returned it
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class RemoteWorkerRow(Base):
+    """A ``dask worker`` the admin UI started on another host over SSH: kept so that a
+    restarted control plane starts it again (its process ended with the old connection)."""
+
+    __tablename__ = "remote_workers"
+    __table_args__ = (
+        CheckConstraint(one_of("state", REMOTE_WORKER_STATES), name="state_known"),
+        CheckConstraint("port >= 1 AND port <= 65535", name="port_in_range"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), unique=True)  # its Dask worker name
+    launch: Mapped[int] = mapped_column(Integer, index=True)  # the add it came from
+    host: Mapped[str] = mapped_column(String(255))
+    port: Mapped[int] = mapped_column(Integer)
+    ssh_user: Mapped[str] = mapped_column(String(64))
+    gpu: Mapped[int | None] = mapped_column(Integer, nullable=True)  # None: a CPU worker
+    environment: Mapped[str] = mapped_column(String(1024))
+    state: Mapped[str] = mapped_column(String(16))
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    who: Mapped[str] = mapped_column(String(64))  # who added it
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+    joined_at: Mapped[datetime | None] = mapped_column(nullable=True)  # its latest join

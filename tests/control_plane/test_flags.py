@@ -9,6 +9,7 @@ import dataclasses
 import pytest
 
 from dynask.control_plane.cli.main import _parser
+from dynask.control_plane.cluster.ssh_settings import SSHOptions
 from dynask.control_plane.disagg.orchestrator import DisaggOptions
 from dynask.control_plane.flags import add_flags, flags_of, options_from, origins
 from dynask.control_plane.planner.decision import PlannerConfig
@@ -16,7 +17,14 @@ from dynask.control_plane.reliability.options import ReliabilityOptions
 from dynask.control_plane.routing.model_routing import RoutingOptions
 from dynask.control_plane.server import ServerOptions
 
-OPTIONS = [RoutingOptions, ReliabilityOptions, DisaggOptions, PlannerConfig, ServerOptions]
+OPTIONS = [
+    RoutingOptions,
+    ReliabilityOptions,
+    DisaggOptions,
+    PlannerConfig,
+    ServerOptions,
+    SSHOptions,
+]
 
 
 @pytest.mark.parametrize("options", OPTIONS, ids=lambda o: o.__name__)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+import httpx
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
@@ -58,7 +59,7 @@ def csrf_of(html: str) -> str:
     return match.group(1)
 
 
-def log_in(client: TestClient, password: str = PASSWORD) -> str:
+def log_in(client: httpx.Client, password: str = PASSWORD) -> str:
     """Logs ``admin`` in; returns the session's CSRF token."""
     token = csrf_of(client.get("/admin/login").text)
     response = client.post(

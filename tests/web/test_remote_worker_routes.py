@@ -10,7 +10,8 @@ import pytest
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from dynask.control_plane.cluster.remote_workers import RemoteWorkers, SSHSettings
+from dynask.control_plane.cluster.remote_workers import RemoteWorkers
+from dynask.control_plane.cluster.ssh_settings import SSHSettings
 from dynask.web.mount import admin_routes
 from tests.web.admin_stack import AdminStack, log_in
 

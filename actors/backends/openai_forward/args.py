@@ -17,10 +17,12 @@ Design decisions:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 _KV_SCHEMES = ("tcp", "ipc")
+_VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,11 @@ class ForwardArgs:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ValueError(f"ForwardArgs {name!r} has value {value!r}; expected a name")
+        if self.api_key_env is not None and not _VARIABLE.fullmatch(self.api_key_env):
+            raise ValueError(
+                f"ForwardArgs 'api_key_env' has value {self.api_key_env!r}; expected the name "
+                "of an environment variable (letters, digits, _), e.g. UPSTREAM_API_KEY"
+            )
         if self.kv_events_endpoint is not None:
             check_kv_endpoint(self.kv_events_endpoint)
         for name, minimum in (("block_size", 1), ("max_model_len", 2), ("max_connections", 1)):

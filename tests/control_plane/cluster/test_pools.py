@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from dynask.control_plane.cluster.placement_rules import may_place
 from dynask.control_plane.cluster.pools import PoolPlacement, in_pool, pool_name, worker_name
 from dynask.control_plane.state.deployment import DeploymentSpec
 
@@ -34,5 +35,5 @@ def test_a_pool_has_one_replica_per_worker_and_only_there() -> None:
     workers = [_worker("dyn-llama.a-0"), _worker("dyn-llama.b-0"), _worker("0")]
     wanted = placement.wanted([pool, other], workers)
     assert [(d.name, d.replicas) for d in wanted] == [("llama", 2), ("other", 1)]
-    assert [placement.allows(pool, w) for w in workers] == [True, True, False]
-    assert [placement.allows(other, w) for w in workers] == [False, False, True]
+    assert [may_place(pool, w, placement.pools) for w in workers] == [True, True, False]
+    assert [may_place(other, w, placement.pools) for w in workers] == [False, False, True]

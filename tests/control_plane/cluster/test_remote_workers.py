@@ -14,11 +14,8 @@ from distributed import LocalCluster
 from dynask.control_plane.cluster.cluster_admin import ClusterActionError, ClusterAdmin
 from dynask.control_plane.cluster.reconciler import ClusterRuntime
 from dynask.control_plane.cluster.remote_commands import RemoteWorkerRequest
-from dynask.control_plane.cluster.remote_workers import (
-    RemoteWorker,
-    RemoteWorkers,
-    SSHSettings,
-)
+from dynask.control_plane.cluster.remote_workers import RemoteWorker, RemoteWorkers
+from dynask.control_plane.cluster.ssh_settings import SSHSettings
 from dynask.control_plane.serving.metrics import ServingMetrics
 from dynask.control_plane.serving.service import ServingService
 from dynask.control_plane.state.database import make_engine, upgrade

@@ -13,7 +13,7 @@ from dynask.control_plane.state import database
 from dynask.control_plane.state.database import current_revision, downgrade, make_engine, upgrade
 from dynask.control_plane.state.models import Base
 
-HEAD = "0009"  # the newest revision
+HEAD = "0011"  # the newest revision
 TABLES = {
     "alembic_version",
     "actor_instances",
@@ -22,6 +22,7 @@ TABLES = {
     "deployments",
     "events",
     "graphs",
+    "remote_workers",
     "responses",
 }
 

@@ -18,6 +18,7 @@ from tests.system_tools import require
 CHROMIUM = "/usr/bin/chromium"
 PASSWORD = "browser-test-password"
 TIMEOUT_MS = 60_000
+UPSTREAM_KEY = "DYNASK_TEST_UPSTREAM_KEY"
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +49,8 @@ def _db(folder: Path) -> str:
 def server(folder: Path, api_key: str) -> Iterator[str]:
     # Keys required: the chat page must reach /v1 with its own short-lived key.
     args = ["--out", "echo", "--model-name", "chat", "--workers", "1", "--require-api-key"]
-    env = {"DYNASK_ADMIN_PASSWORD": PASSWORD}
+    # UPSTREAM_KEY: the key an out=openai deployment forwarding to this server sends.
+    env = {"DYNASK_ADMIN_PASSWORD": PASSWORD, UPSTREAM_KEY: api_key}
     with sp.dynask_run(folder, args, env) as (base, _):
         yield base
 
@@ -220,6 +222,45 @@ def test_an_admin_edits_a_keys_limits_and_the_server_applies_them(
         capture_output=True,
         timeout=120,
     )
+
+
+def test_an_openai_deployment_forwards_to_a_real_dynask_server(
+    page: Page, server: str, api_key: str, tmp_path: Path
+) -> None:
+    """The form's openai engine, its upstream this very ``dynask run`` (OpenAI-compatible):
+    a bad URL is named beside its field; a good one makes a deployment whose actor
+    forwards to the server's ``chat`` model, sending the key named by UPSTREAM_KEY."""
+    page.goto("/admin/workers")
+    page.click("text=Start a local worker")  # the first worker holds chat's actor
+    expect(page.locator(".flash.ok")).to_contain_text("Starting a local worker")
+    page.goto("/admin/deployments")
+    page.fill("input[name=name]", "fwd")
+    page.select_option("select[name=engine]", "openai")
+    page.fill("input[name=url]", "127.0.0.1:8000")
+    page.click("text=Create deployment")
+    expect(page.locator("#error-url")).to_have_text(
+        "out=openai:URL has URL '127.0.0.1:8000'; expected http(s)://HOST[:PORT][/v1], "
+        "e.g. out=openai:http://gpu-1:8000/v1"
+    )
+    expect(page.locator("select[name=engine]")).to_have_value("openai")  # kept
+    _shot(page, tmp_path, "openai-invalid")
+    page.fill("input[name=url]", f"{server}/v1")
+    page.fill("input[name=api_key_env]", UPSTREAM_KEY)
+    page.fill("textarea[name=engine_args]", '{"upstream_model": "chat"}')
+    page.click("text=Create deployment")
+    expect(page.locator(".flash.ok")).to_have_text(
+        "Deployment 'fwd' created; its actors are starting."
+    )
+    row = page.locator("tr[data-deployment=fwd]")
+    expect(row.locator(".engine-url")).to_have_text(f"{server}/v1")
+    expect(row.locator(".badge")).to_have_text("ready")
+    _shot(page, tmp_path, "openai-ready")
+    body = {"model": "fwd", "prompt": "forwarded through the admin UI", "max_tokens": 64}
+    auth = {"authorization": f"Bearer {api_key}"}
+    reply = httpx.post(f"{server}/v1/completions", json=body, headers=auth, timeout=60)
+    assert reply.status_code == 200, reply.text
+    assert "forwarded through the admin UI" in reply.json()["choices"][0]["text"]  # chat's echo
+    _retire_the_worker_of(page, "fwd-0")
 
 
 def _key_id(folder: Path) -> str:

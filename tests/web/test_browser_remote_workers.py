@@ -108,7 +108,7 @@ def test_a_remote_worker_joins_and_gets_an_engine_actor(
     page.once("dialog", lambda dialog: dialog.accept())  # "Retire …?"
     row.get_by_role("button", name="Retire").click()
     expect(page.locator(".flash.ok")).to_have_text(f"Remote worker {WORKER} retired.")
-    expect(row.locator(".badge")).to_have_text("retired")
+    expect(row).to_have_count(0)  # retiring removes it (from the database too)
     page.goto("/admin/deployments")
     expect(page.locator("tr[data-deployment=mock] .badge")).to_have_text("waiting")
     page.goto("/admin/events")
@@ -129,6 +129,9 @@ def test_an_unknown_host_key_is_refused_with_the_ssh_error(
         f"{sshd.known_hosts})"
     )
     _shot(page, tmp_path, "remote-host-key")
+    row.get_by_role("button", name="Remove").click()  # a failed worker is only removed
+    expect(page.locator(".flash.ok")).to_have_text("Remote worker remote-2-127-0-0-1-cpu removed.")
+    expect(row).to_have_count(0)
 
 
 def test_an_unreachable_host_is_shown(page: Page, sshd: SSHServer, tmp_path: Path) -> None:

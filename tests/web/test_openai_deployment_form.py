@@ -46,8 +46,8 @@ OPENAI = {"name": "fwd", "engine": "openai", "engine_args": "{}", "url": "http:/
             },
         ),
         (
-            {"kv_events_endpoint": "tcp://gpu-1:5557", "engine_args": '{"kv_events_endpoint": "x"}'},
-            {"kv_events_endpoint": "the engine arguments set kv_events_endpoint to 'x' too"},
+            {"kv_events_endpoint": "tcp://gpu-1:5557", "engine_args": '{"kv_events_endpoint": 1}'},
+            {"kv_events_endpoint": "the engine arguments set kv_events_endpoint to 1 too"},
         ),
         (
             {"engine_args": '{"max_connections": 0}'},

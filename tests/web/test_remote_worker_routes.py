@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,7 @@ from starlette.testclient import TestClient
 
 from dynask.control_plane.cluster.remote_workers import RemoteWorkers
 from dynask.control_plane.cluster.ssh_settings import SSHSettings
+from dynask.control_plane.state.remote_worker_store import NewRemoteWorker
 from dynask.web.mount import admin_routes
 from tests.web.admin_stack import AdminStack, log_in
 
@@ -76,3 +78,37 @@ def test_retiring_an_unknown_worker_is_a_flash(client: TestClient) -> None:
     response = client.post("/admin/workers/remote/7/retire", data={"csrf_token": csrf})
     assert (response.status_code, response.headers["location"]) == (303, "/admin/workers/remote")
     assert "no remote worker has the id 7" in client.get("/admin/workers/remote").text
+
+
+def test_a_stored_failed_worker_is_shown_and_can_be_removed(
+    stack: AdminStack, tmp_path: Path
+) -> None:
+    settings = SSHSettings(tmp_path / "known_hosts", None, "--ssh-known-hosts", "default")
+    remote = RemoteWorkers(stack.deps.cluster, stack.deps.repo, settings)
+    new = NewRemoteWorker("remote-4-gpu-1-gpu0", "gpu-1", 2222, "ops", 0, "/opt/venv")
+    [kept] = remote.store.add(4, [new], "ops")
+    remote.store.set_state(kept.id, "failed", "host unreachable: ops@gpu-1:2222: refused")
+    asyncio.run(remote.restore())  # a failed worker is shown, not started again
+    deps = dataclasses.replace(stack.deps, remote_workers=remote)
+    with TestClient(
+        Starlette(routes=admin_routes(deps, "test-secret")), follow_redirects=False
+    ) as client:
+        csrf = log_in(client)
+        page = client.get("/admin/workers/remote").text
+        assert 'data-remote-worker="remote-4-gpu-1-gpu0"' in page
+        assert "host unreachable: ops@gpu-1:2222: refused" in page
+        assert f'<code id="ssh-known-hosts">{tmp_path / "known_hosts"}</code>' in page
+        assert "(from --ssh-known-hosts;" in page
+        assert '<code id="ssh-key">~/.ssh/id_* and the SSH agent</code>' in page
+        response = client.post(f"/admin/workers/remote/{kept.id}/retire", data={"csrf_token": csrf})
+        assert response.status_code == 303
+        page = client.get("/admin/workers/remote").text
+        assert "Remote worker remote-4-gpu-1-gpu0 removed." in page
+        assert "data-remote-worker=" not in page
+    assert remote.store.list() == []
+    [event] = stack.deps.repo.recent_events(1)
+    assert (event.who, event.kind, event.details["state"]) == (
+        "admin",
+        "worker.remote.removed",
+        "failed",
+    )

@@ -52,6 +52,7 @@ def test_a_pool_front_end_puts_its_pool_on_its_workers_only() -> None:
     assert [may_place(other, w, {"llama"}) for w in workers] == [False, False, True]
 
 
+@pytest.mark.slow  # an engine actor starts (the bundled tokenizer loads)
 def test_serve_places_its_actor_on_the_plain_worker_not_the_pool_worker() -> None:
     async def scenario() -> None:
         async with (

@@ -22,7 +22,8 @@ Design decisions:
   itself, and one that finds a later term knows it was deposed: two leaders act at
   once only while a leader's event loop is stalled past ``step_down_s``.
 - A leader that exits normally marks its term released; a follower takes the next term
-  at its next round, without waiting out the TTL (``hand_over``).
+  at its next round, without waiting out the TTL (``hand_over``). Followers sign in
+  (``dynask-follower/SCOPE/ID``) and out, so a leader without any exits at once.
 - SCOPE separates groups of control planes sharing a scheduler: ``cluster`` for
   ``dynask serve``, ``pool-NAME`` for the front ends of one pool.
 """
@@ -41,6 +42,7 @@ from typing import Any, Protocol
 log = logging.getLogger(__name__)
 
 DATASET_PREFIX = "dynask-leader/"
+FOLLOWER_PREFIX = "dynask-follower/"
 RENEW_INTERVAL_S = 1.0
 LEASE_TTL_S = 5.0
 STEP_DOWN_S = 3.0
@@ -73,6 +75,12 @@ class TermStore(Protocol):
 
     async def drop_before(self, number: int) -> None: ...
 
+    async def sign_in(self, holder: str) -> None: ...
+
+    async def sign_out(self, holder: str) -> None: ...
+
+    async def followers(self) -> set[str]: ...
+
 
 class DatasetTermStore:
     """Terms as scheduler datasets ``dynask-leader/SCOPE/N`` (plain dicts: the scheduler
@@ -81,6 +89,7 @@ class DatasetTermStore:
     def __init__(self, client: Any, scope: str) -> None:
         self.client = client
         self.prefix = f"{DATASET_PREFIX}{scope}/"
+        self.follower_prefix = f"{FOLLOWER_PREFIX}{scope}/"
 
     async def _numbers(self) -> list[int]:
         names = [str(n) for n in await self.client.list_datasets()]
@@ -108,6 +117,18 @@ class DatasetTermStore:
             if older < number:
                 with contextlib.suppress(KeyError):
                     await self.client.unpublish_dataset(f"{self.prefix}{older}")
+
+    async def sign_in(self, holder: str) -> None:
+        await self.client.publish_dataset(True, name=self.follower_prefix + holder, override=True)
+
+    async def sign_out(self, holder: str) -> None:
+        with contextlib.suppress(KeyError):
+            await self.client.unpublish_dataset(self.follower_prefix + holder)
+
+    async def followers(self) -> set[str]:
+        names = [str(n) for n in await self.client.list_datasets()]
+        prefix = self.follower_prefix
+        return {n.removeprefix(prefix) for n in names if n.startswith(prefix)}
 
     def _name(self, term: Term) -> str:
         return f"{self.prefix}{term.number}"
@@ -144,6 +165,7 @@ class Lease:
         self._seen: tuple[int, int, bool] | None = None  # (number, renewals, released)
         self._seen_at: float | None = None  # when _seen last changed (None: never looked)
         self._renewed_at = 0.0
+        self._signed_in = False
 
     @property
     def leader(self) -> str | None:
@@ -161,6 +183,7 @@ class Lease:
                 await self._renew()
             else:
                 await self._watch()
+            await self._sign(self.role is ControlPlaneRole.FOLLOWER)
         except Exception as exc:  # the scheduler is away: the next round retries
             log.warning("lease round failed: %s", exc)
             if (
@@ -197,6 +220,11 @@ class Lease:
         log.warning("leading as %s (term %d)", self.holder, mine.number)
         await self.store.drop_before(mine.number)
 
+    async def _sign(self, following: bool) -> None:
+        if following != self._signed_in:
+            await (self.store.sign_in if following else self.store.sign_out)(self.holder)
+            self._signed_in = following
+
     def _observe(self, latest: Term | None) -> None:
         seen = None if latest is None else (latest.number, latest.renewals, latest.released)
         if seen != self._seen or self._seen_at is None:
@@ -212,14 +240,26 @@ class Lease:
             await asyncio.sleep(RENEW_INTERVAL_S)
 
     async def hand_over(self, wait_s: float = HANDOVER_WAIT_S) -> bool:
-        """Releases a held term and waits up to ``wait_s`` for a follower to take the
-        next one. True when another control plane leads now (so this one must leave the
-        actors running); False when none did (this was the last one)."""
+        """Leaving: a follower signs out; a leader releases its term and, if followers
+        are signed in, waits up to ``wait_s`` for one to take the next term. True when
+        another control plane leads now (so this one must leave the actors running);
+        False when none did (this was the last one). A scheduler gone
+        midway keeps the actors once the term was released."""
+        try:
+            return await self._hand_over(wait_s)
+        except Exception as exc:  # the scheduler is away: nobody can take over
+            log.warning("could not hand the lease over: %s", exc)
+            return self.role is ControlPlaneRole.FOLLOWER
+
+    async def _hand_over(self, wait_s: float) -> bool:
         if self.role is not ControlPlaneRole.LEADER or self.term is None:
+            await self._sign(following=False)
             return True
         ours = self.term.number
         await self.store.renew(replace(self.term, released=True))
         self.role = ControlPlaneRole.FOLLOWER
+        if not await self.store.followers() - {self.holder}:
+            return False
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         while loop.time() < deadline:

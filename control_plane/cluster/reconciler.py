@@ -43,6 +43,7 @@ from dynask.control_plane.cluster.leadership import ControlPlaneRole, DatasetTer
 from dynask.control_plane.cluster.plan import engine_spec
 from dynask.control_plane.cluster.pools import PoolPlacement
 from dynask.control_plane.cluster.retiring import drain, newest_first, stop_quietly
+from dynask.control_plane.cluster.served_actors import ServedActors
 from dynask.control_plane.reliability.actor_health import ActorHealth
 from dynask.control_plane.serving.actor_handle import ActorHandle
 from dynask.control_plane.serving.readiness import DeploymentReadiness, deployment_readiness
@@ -87,12 +88,11 @@ class ClusterRuntime:
         self.cluster: LocalCluster | None = None
         self.client: Client | None = None
         self._on_actor_event = on_actor_event or (lambda *_: None)
-        self._handles: dict[str, ActorHandle] = {}
+        self.served = ServedActors(service)
         self._reconciler: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._used_names: set[str] = set()
-        self._futures: dict[str, Any] = {}  # actor name -> its Dask future
         self.health: ActorHealth | None = None
         self.placement: PoolPlacement | None = None  # None: any deployment on any worker
         self.holder = f"{socket.gethostname()}-{os.getpid()}"  # this control plane, in leases
@@ -102,7 +102,6 @@ class ClusterRuntime:
         self._leading = False  # whether this one took the lead (closed rows, adopted all)
         self._lease_task: asyncio.Task[None] | None = None
         self._ignored: set[str] = set()  # published actors of deployments not ours
-        self._letting_go: set[asyncio.Task[None]] = set()  # a follower's withdrawn actors
 
     @property
     def role(self) -> ControlPlaneRole:
@@ -133,7 +132,7 @@ class ClusterRuntime:
         for plugin in self.worker_plugins:
             await self.client.register_plugin(plugin)
         self.health = ActorHealth(
-            self.client, self.service.reliability, self._handles.values, self._wake.set
+            self.client, self.service.reliability, self.served.handles.values, self._wake.set
         )
         self.health.start()
         if self.scheduler_address is not None:
@@ -184,7 +183,7 @@ class ClusterRuntime:
                 self.deployments = placement.wanted(self.deployments, await self._workers())
             await self._stop_surplus()
             for deployment in self.deployments:
-                missing = deployment.replicas - self._count(deployment.name)
+                missing = deployment.replicas - self.served.count(deployment.name)
                 free = await self._free_workers()
                 if placement is not None:
                     free = [w for w in free if placement.allows(deployment, w)]
@@ -205,15 +204,10 @@ class ClusterRuntime:
             self.set_deployments(await self._desired_state())
         await self._drop_broken()
         self._on_lead()
-        for name, handle in self._handles.items():
-            self._record(
-                name, "starting", {"worker": handle.worker, "deployment": handle.deployment}
-            )
-            self._record(
-                name,
-                "ready",
-                {"worker": handle.worker, "stream_address": handle.info.stream_address},
-            )
+        for name, handle in self.served.handles.items():
+            details = {"worker": handle.worker, "deployment": handle.deployment}
+            self._record(name, "starting", details)
+            self._record(name, "ready", {**details, "stream_address": handle.info.stream_address})
         await self._sync_published()
         self._leading = True
 
@@ -223,11 +217,10 @@ class ClusterRuntime:
             self._on_actor_event(actor, status, details)
 
     async def _drop_broken(self) -> None:
-        for name, handle in list(self._handles.items()):
+        for name, handle in list(self.served.handles.items()):
             if handle.broken:
                 log.warning("engine actor %s is gone; the leader replaces it", name)
-                self.service.remove_actor(name)
-                del self._handles[name]
+                self.served.remove(name)
                 await handle.close()
                 await self._forget(name)
                 reason = handle.lost_reason or "stream_closed"
@@ -239,24 +232,18 @@ class ClusterRuntime:
         assert self.client is not None
         if self.is_leader:
             await actor_adoption.withdraw(self.client, name)
-        future = self._futures.pop(name, None)
-        if future is not None:
-            future.release()
+        self.served.release(name)
 
     async def _stop_surplus(self) -> None:
         wanted = {d.name: d.replicas for d in self.deployments}
-        for name, handle in sorted(self._handles.items(), key=newest_first, reverse=True):
-            if self._count(handle.deployment) <= wanted.get(handle.deployment, 0):
+        for name, handle in sorted(self.served.handles.items(), key=newest_first, reverse=True):
+            if self.served.count(handle.deployment) <= wanted.get(handle.deployment, 0):
                 continue
-            self.service.remove_actor(name)
-            del self._handles[name]
+            self.served.remove(name)
             await drain(handle)
             await self._stop_handle(handle)
             await self._forget(name)
             self._record(name, "stopped", {"worker": handle.worker})
-
-    def _count(self, deployment: str) -> int:
-        return sum(1 for h in self._handles.values() if h.deployment == deployment)
 
     async def _workers(self) -> list[dict[str, Any]]:
         assert self.client is not None
@@ -264,7 +251,7 @@ class ClusterRuntime:
         return [{"address": a, **w} for a, w in info["workers"].items()]
 
     async def _free_workers(self) -> list[dict[str, Any]]:
-        used = {h.worker for h in self._handles.values()}
+        used = self.served.workers()
         if self.health is not None:
             used |= set(self.health.quarantined)  # hung: registered, but not answering
         workers = [w for w in await self._workers() if w["address"] not in used]
@@ -311,9 +298,7 @@ class ClusterRuntime:
             log.error("engine actor %s failed to start on %s: %s", name, address, exc)
             self._on_actor_event(name, "failed", {"worker": address, "error": str(exc)})
             raise
-        self._futures[name] = future
-        self._handles[name] = handle
-        self.service.add_actor(deployment.model_name, handle)
+        self.served.add(deployment.model_name, handle, future)
         self._on_actor_event(
             name, "ready", {"worker": address, "stream_address": info.stream_address}
         )
@@ -343,9 +328,9 @@ class ClusterRuntime:
         assert self.client is not None
         published = await actor_adoption.published_names(self.client)
         if not self.is_leader:
-            for name in set(self._handles) - published:
-                self._let_go(name)
-        for name in sorted(published - set(self._handles) - self._ignored):
+            for name in set(self.served.handles) - published:
+                self.served.let_go(name)
+        for name in sorted(published - set(self.served.handles) - self._ignored):
             self._used_names.add(name)
             try:
                 found = await actor_adoption.adopt(self.client, name)
@@ -359,8 +344,7 @@ class ClusterRuntime:
     async def _serve_adopted(self, found: actor_adoption.PublishedActor) -> None:
         assert self.client is not None
         plan = next((d for d in self.deployments if d.name == found.deployment), None)
-        unwanted = plan is None or (self.is_leader and engine_spec(plan) != found.spec)
-        if plan is None or unwanted:
+        if plan is None or (self.is_leader and engine_spec(plan) != found.spec):
             if self.is_leader and self.placement is None:  # a pool's leader minds its own
                 log.warning("stopping engine actor %s: no deployment wants it now", found.name)
                 await stop_quietly(found.proxy)
@@ -371,38 +355,19 @@ class ClusterRuntime:
         info = await self._with_kv_listener(found.proxy, plan.role, found.info)
         handle = ActorHandle(found.name, found.deployment, found.proxy, info, role=plan.role)
         await handle.connect()
-        self._futures[found.name] = found.future
-        self._handles[found.name] = handle
-        self.service.add_actor(plan.model_name, handle)
+        self.served.add(plan.model_name, handle, found.future)
         details = {"worker": handle.worker, "deployment": found.deployment}
         self._record(found.name, "starting", details)
         self._record(found.name, "ready", {**details, "stream_address": info.stream_address})
         log.info("serving engine actor %s on %s (%s)", found.name, handle.worker, self.role.value)
 
-    def _let_go(self, name: str) -> None:
-        """A follower: the leader withdrew ``name`` (retired or replaced it). No new
-        request goes there; the ones running finish (or migrate once it stops)."""
-        handle = self._handles.pop(name)
-        self.service.remove_actor(name)
-        future = self._futures.pop(name, None)
-
-        async def close_when_drained() -> None:
-            await drain(handle)
-            await handle.close()
-            if future is not None:
-                future.release()
-
-        task = asyncio.create_task(close_when_drained(), name=f"let-go-{name}")
-        self._letting_go.add(task)
-        task.add_done_callback(self._letting_go.discard)
-
     def readiness(self) -> list[DeploymentReadiness]:
         """Each deployment's wanted replicas against its engine actors that serve now."""
-        ready = Counter(h.deployment for h in self._handles.values() if not h.broken)
+        ready = Counter(h.deployment for h in self.served.handles.values() if not h.broken)
         return deployment_readiness({d.name: d.replicas for d in self.deployments}, ready)
 
     async def refresh_stats(self) -> None:
-        for handle in list(self._handles.values()):
+        for handle in list(self.served.handles.values()):
             if not handle.broken:
                 stats = await handle.refresh_stats()
                 self.service.metrics.observe_actor(handle.name, stats)
@@ -420,33 +385,19 @@ class ClusterRuntime:
                 task.cancel()
         if self.health is not None:
             self.health.stop()
-        keep_actors = False
-        if self.lease is not None:
-            keep_actors = await self._hand_over()
-        for name, handle in list(self._handles.items()):
+        keep_actors = self.lease is not None and await self.lease.hand_over()
+        for name in list(self.served.handles):
+            handle = self.served.remove(name)
             if keep_actors:
                 await handle.close()
-                future = self._futures.pop(name, None)
-                if future is not None:
-                    future.release()
-            else:
+                self.served.release(name)
+            else:  # the last control plane: the actors go with it
                 await self._stop_handle(handle)
-                await self._forget(name)
-        self._handles.clear()
+                await actor_adoption.withdraw(self.client, name)
+                self.served.release(name)
         if self.client is not None:
             await self.client.close()  # type: ignore[no-untyped-call]
         if self.cluster is not None:
             closing = self.cluster.close()
             if closing is not None:
                 await closing
-
-    async def _hand_over(self) -> bool:
-        """True when another control plane serves the actors after this one."""
-        assert self.lease is not None
-        try:
-            kept = await self.lease.hand_over()
-        except Exception as exc:  # the scheduler is away: nobody can take over
-            log.warning("could not hand the lease over: %s", exc)
-            return False
-        log.info("leaving the engine actors to %s", self.lease.leader if kept else "nobody")
-        return kept

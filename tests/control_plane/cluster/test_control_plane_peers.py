@@ -34,8 +34,9 @@ DEPLOY = (
     "deployments:\n"
     "  - name: mock\n"
     "    engine: mocker\n"
+    "    model: {tokenizer}\n"  # the mocker only reads its tokenizer
     "    replicas: 2\n"
-    "    engine_args: {decode_ms_base: 40.0}\n"  # 64 tokens: ~2.6 s a stream
+    "    engine_args: {{decode_ms_base: 40.0}}\n"  # 64 tokens: ~2.6 s a stream
 )
 
 
@@ -136,9 +137,9 @@ def _two_ready(rows: list[ActorInstance]) -> list[ActorInstance] | None:
 
 
 def test_kill_9_of_the_leading_control_plane_loses_nothing(
-    cluster: DaskProcesses, tmp_path: Path
+    cluster: DaskProcesses, tmp_path: Path, tokenizer_folder: Path
 ) -> None:
-    (tmp_path / "deploy.yaml").write_text(DEPLOY)
+    (tmp_path / "deploy.yaml").write_text(DEPLOY.format(tokenizer=tokenizer_folder))
     db = f"sqlite:///{tmp_path / 'state.db'}"
     w1 = cluster.start_worker("w1")
     cluster.start_worker("w2")

@@ -49,6 +49,8 @@ def test_the_first_leads_and_a_silent_leader_is_replaced_after_exactly_the_ttl()
         assert await a.tick() is LEADER
         assert await b.tick() is FOLLOWER
         assert (b.leader, a.term) == ("a", Term(1, "a"))
+        store = DatasetTermStore(client, "cluster")
+        assert await store.followers() == {"b"}  # signed in as it followed
         for _ in range(3):  # a renews each round: b never takes over
             clock.now += 4.0
             assert (await a.tick(), await b.tick()) == (LEADER, FOLLOWER)
@@ -60,7 +62,7 @@ def test_the_first_leads_and_a_silent_leader_is_replaced_after_exactly_the_ttl()
         assert b.term == Term(2, "b")
         assert await DatasetTermStore(client, "cluster").latest() == Term(2, "b")
         names = sorted(str(n) for n in await client.list_datasets())
-        assert names == ["dynask-leader/cluster/2"]  # the dead term dropped
+        assert names == ["dynask-leader/cluster/2"]  # the dead term dropped, b signed out
 
     _on_a_scheduler(test)
 
@@ -110,7 +112,10 @@ def test_a_handover_is_taken_at_the_next_round_and_an_unanswered_one_says_so() -
         handed, b_role = await asyncio.gather(a.hand_over(wait_s=2.0), b_round())
         assert (handed, b_role, a.role) == (True, LEADER, FOLLOWER)
         assert b.term == Term(2, "b")
-        assert await b.hand_over(wait_s=0.1) is False  # nobody left to take it
+        started = asyncio.get_running_loop().time()
+        assert await b.hand_over(wait_s=5.0) is False  # nobody signed in to take it
+        assert asyncio.get_running_loop().time() - started < 1.0  # so no waiting
+        assert await b.store.latest() == Term(2, "b", released=True)
 
     _on_a_scheduler(test)
 

@@ -53,8 +53,8 @@ log = logging.getLogger(__name__)
 STATS_INTERVAL_S = 1.0
 ALL_READY_POLL_S = 0.5
 STALE_ACTOR_REASON = (
-    "left starting/ready by a leader that stopped without recording its end (killed); "
-    "a running actor is recorded again by the control plane that leads now"
+    "left starting/ready by an earlier leader (killed, or gone after handing over); a "
+    "running actor is recorded again by the control plane that leads now"
 )
 
 

@@ -102,6 +102,7 @@ class ClusterRuntime:
         self._leading = False  # whether this one took the lead (closed rows, adopted all)
         self._lease_task: asyncio.Task[None] | None = None
         self._ignored: set[str] = set()  # published actors of deployments not ours
+        self._lost: set[str] = set()  # never adopted again (a name is never reused)
 
     @property
     def role(self) -> ControlPlaneRole:
@@ -163,8 +164,9 @@ class ClusterRuntime:
 
     def set_deployments(self, deployments: list[DeploymentSpec]) -> None:
         """Replaces the desired state; the next ``reconcile`` acts on it."""
+        if list(deployments) != self.deployments:
+            self._ignored.clear()  # a deployment added or changed may want them now
         self.deployments = list(deployments)
-        self._ignored.clear()
 
     async def reconcile(self) -> None:
         """The leader creates missing replicas on free workers, drops actors whose stream
@@ -220,6 +222,7 @@ class ClusterRuntime:
         for name, handle in list(self.served.handles.items()):
             if handle.broken:
                 log.warning("engine actor %s is gone; the leader replaces it", name)
+                self._lost.add(name)
                 self.served.remove(name)
                 await handle.close()
                 await self._forget(name)
@@ -330,7 +333,7 @@ class ClusterRuntime:
         if not self.is_leader:
             for name in set(self.served.handles) - published:
                 self.served.let_go(name)
-        for name in sorted(published - set(self.served.handles) - self._ignored):
+        for name in sorted(published - set(self.served.handles) - self._ignored - self._lost):
             self._used_names.add(name)
             try:
                 found = await actor_adoption.adopt(self.client, name)

@@ -17,7 +17,8 @@ Design decisions:
 - Expiry by observation, as in Kubernetes' leader election: the leader bumps its term's
   renewal counter every round; a follower that has seen the same counter for ``ttl_s``
   on its *own* monotonic clock takes the next term. No two hosts' clocks are compared. A
-  killed leader is replaced within ``ttl_s`` plus one follower round.
+  killed leader is replaced within ``ttl_s`` plus two rounds (its last renewal is seen
+  up to a round late, and expiry is noticed up to a round late): 7 s by default.
 - A leader that could not renew for ``step_down_s`` (less than ``ttl_s``) steps down by
   itself, and one that finds a later term knows it was deposed: two leaders act at
   once only while a leader's event loop is stalled past ``step_down_s``.

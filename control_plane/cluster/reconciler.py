@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import socket
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -95,7 +96,8 @@ class ClusterRuntime:
         self._used_names: set[str] = set()
         self.health: ActorHealth | None = None
         self.placement: PoolPlacement | None = None  # None: any deployment on any worker
-        self.holder = f"{socket.gethostname()}-{os.getpid()}"  # this control plane, in leases
+        # This control plane in leases (the suffix: two containers may share host and pid).
+        self.holder = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.lease: Lease | None = None  # None: an embedded cluster, which only we serve
         self._desired_state = desired_state
         self._on_lead = on_lead

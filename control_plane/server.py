@@ -56,8 +56,8 @@ log = logging.getLogger(__name__)
 STATS_INTERVAL_S = 1.0
 ALL_READY_POLL_S = 0.5
 STALE_ACTOR_REASON = (
-    "left starting/ready by a control plane that stopped without recording its end "
-    "(killed); a running actor is recorded again when the next one adopts it"
+    "left starting/ready by an earlier leader (killed, or gone after handing over); a "
+    "running actor is recorded again by the control plane that leads now"
 )
 
 
@@ -134,6 +134,8 @@ class ControlPlane:
             on_actor_event=self.recorder,
             gpu_placements=options.gpu_placements,
             worker_plugins=[p for p in (self.tracing.worker_plugin,) if p is not None],
+            desired_state=lambda: asyncio.to_thread(stored_deployments, self.repo),
+            on_lead=lambda: self.recorder.close_stale(self.options.who, STALE_ACTOR_REASON),
         )
         self.cluster_admin = ClusterAdmin(self.runtime)
         # Workers on other hosts (admin UI); the ones kept in the database start again
@@ -164,15 +166,13 @@ class ControlPlane:
             response_store=ResponseStore(self.repo.engine),
             chat_options=options.chat,
             readiness=self.runtime.readiness,
+            leadership=self.runtime.leadership,
         )
 
     def _desired_state(self, deployments: list[DeploymentSpec]) -> list[DeploymentSpec]:
-        """Migrates the database, closes the actor rows a killed predecessor left open,
-        stores ``deployments``, or restores them when empty."""
+        """Migrates the database, stores ``deployments``, or restores them when empty.
+        (The actor rows a killed leader left open are closed by the next leader.)"""
         upgrade(self.repo.engine)
-        stale = self.repo.close_stale_actors(self.options.who, STALE_ACTOR_REASON)
-        if stale:
-            log.warning("marked %d actor rows left by a previous control plane as lost", stale)
         if deployments:
             store_deployments(self.repo, deployments, self.options.who)
             return deployments

@@ -29,6 +29,7 @@ from dynask.control_plane.state.response_store import ResponseStore
 
 Lifespan = Callable[[Starlette], AbstractAsyncContextManager[None]]
 Readiness = Callable[[], list[DeploymentReadiness]]
+Leadership = Callable[[], dict[str, str | None]]
 READY = Choice(
     "ready",
     "'all': ready only when every replica of every deployment is (as /ready); "
@@ -47,6 +48,7 @@ def build_app(
     chat_options: ChatOptions | None = None,
     cors_allow_origins: Sequence[str] = (),
     readiness: Readiness = list,
+    leadership: Leadership = dict,
 ) -> Starlette:
     """The control plane's HTTP app over ``service``; ``lifespan`` starts the cluster side;
     ``middleware`` wraps every route (the API-key guard is one); ``api_key_required`` is
@@ -54,7 +56,8 @@ def build_app(
     (none: CORS off) are the browser origins that may call the API; ``response_store``
     keeps the Responses API's stored responses (None: ``store`` is ignored);
     ``chat_options``: the tool-call and reasoning parsers; ``readiness`` says how many
-    replicas each deployment wants and has (``/ready``).
+    replicas each deployment wants and has (``/ready``); ``leadership`` this control
+    plane's id, role (leader or follower) and the leader's id (``/health``).
 
     Outermost first: CORS (a preflight is answered before any key check, and every answer,
     a 500 too, carries its headers), then ``CatchInternalErrors``, then ``middleware``."""
@@ -63,7 +66,7 @@ def build_app(
         *make_responses_routes(service, response_store, chat_options),
         *make_anthropic_routes(service, chat_options),
         *make_routing_routes(service),
-        *_operational_routes(service, api_key_required, readiness),
+        *_operational_routes(service, api_key_required, readiness, leadership),
         *(extra_routes or []),
     ]
     return Starlette(
@@ -98,7 +101,7 @@ async def _no_lifespan(_: Starlette) -> AsyncIterator[None]:
 
 
 def _operational_routes(
-    service: ServingService, api_key_required: bool, readiness: Readiness
+    service: ServingService, api_key_required: bool, readiness: Readiness, leadership: Leadership
 ) -> list[ApiRoute]:
     async def health(request: Request) -> Response:
         wait_for = request.query_params.get("ready")
@@ -122,9 +125,8 @@ def _operational_routes(
             for a in service.ready_actors()
         ]
         status = 200 if actors else 503
-        return JSONResponse(
-            {"status": "ready" if actors else "starting", "engines": actors}, status
-        )
+        body = {"status": "ready" if actors else "starting", "engines": actors}
+        return JSONResponse({**body, "control_plane": leadership()}, status)
 
     async def ready(_: Request) -> Response:
         deployments = readiness()

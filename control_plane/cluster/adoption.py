@@ -10,7 +10,10 @@ same spec (``start()`` is idempotent and answers with the actor's info); the oth
 stopped. An actor that cannot be reached within ``ADOPT_TIMEOUT_S`` is dropped, and the
 reconciler starts a replacement.
 
-A control plane that stops normally stops its actors and withdraws their datasets.
+Several control planes may serve the same actors (``leadership``): only the leader
+stops, drops or withdraws; followers adopt every actor the leader publishes and let go
+of the ones it withdraws. The last control plane that stops normally stops its actors
+and withdraws their datasets; any other leaves them to the rest.
 """
 
 from __future__ import annotations
@@ -54,23 +57,16 @@ async def withdraw(client: Any, name: str) -> None:
         log.debug("withdrawing the dataset of %s failed: %s", name, exc)
 
 
-async def find_published(client: Any) -> list[PublishedActor]:
-    """Every published actor that answers; the unreachable ones are withdrawn."""
-    names = [n for n in await client.list_datasets() if str(n).startswith(DATASET_PREFIX)]
-    found = []
-    for dataset in names:
-        name = str(dataset).removeprefix(DATASET_PREFIX)
-        try:
-            record = await client.get_dataset(dataset)
-            proxy = await asyncio.wait_for(record["future"], ADOPT_TIMEOUT_S)
-            info = ActorInfo.from_dict(await asyncio.wait_for(proxy.start(), ADOPT_TIMEOUT_S))
-        except Exception as exc:  # its worker died while no control plane watched
-            log.warning("published engine actor %s is unreachable (%s); dropping it", name, exc)
-            await withdraw(client, name)
-            continue
-        found.append(
-            PublishedActor(
-                name, record["deployment"], record["spec"], record["future"], proxy, info
-            )
-        )
-    return found
+async def published_names(client: Any) -> set[str]:
+    """The names of the engine actors published now."""
+    names = [str(n) for n in await client.list_datasets()]
+    return {n.removeprefix(DATASET_PREFIX) for n in names if n.startswith(DATASET_PREFIX)}
+
+
+async def adopt(client: Any, name: str) -> PublishedActor:
+    """The published actor ``name``, reached and started (``start()`` is idempotent);
+    raises when it cannot be reached within ``ADOPT_TIMEOUT_S`` (its worker died)."""
+    record = await client.get_dataset(DATASET_PREFIX + name)
+    proxy = await asyncio.wait_for(record["future"], ADOPT_TIMEOUT_S)
+    info = ActorInfo.from_dict(await asyncio.wait_for(proxy.start(), ADOPT_TIMEOUT_S))
+    return PublishedActor(name, record["deployment"], record["spec"], record["future"], proxy, info)

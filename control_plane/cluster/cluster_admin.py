@@ -48,6 +48,7 @@ class ClusterView:
     scheduler_address: str | None  # None while the cluster starts
     embedded: bool
     workers: list[WorkerView] = field(default_factory=list)
+    leadership: dict[str, str | None] = field(default_factory=dict)  # id, role, leader
 
 
 class ClusterAdmin:
@@ -83,7 +84,9 @@ class ClusterAdmin:
     async def view(self) -> ClusterView:
         client = self.runtime.client
         if client is None or client.status != "running":
-            return ClusterView(self.scheduler_address, self.embedded)
+            return ClusterView(
+                self.scheduler_address, self.embedded, leadership=self.runtime.leadership()
+            )
         info = await client.scheduler.identity(n_workers=-1)  # type: ignore[union-attr]
         gpus = await self._gpu_readings()
         actors: dict[str, list[str]] = {}
@@ -94,7 +97,9 @@ class ClusterAdmin:
             for address, worker in info["workers"].items()
         ]
         workers.sort(key=lambda w: (len(w.name), w.name))  # 0, 1, ..., 10 (names are numbers)
-        return ClusterView(self.scheduler_address, self.embedded, workers)
+        return ClusterView(
+            self.scheduler_address, self.embedded, workers, self.runtime.leadership()
+        )
 
     async def _gpu_readings(self) -> dict[str, list[dict[str, Any]]]:
         client = self.runtime.client

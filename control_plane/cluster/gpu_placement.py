@@ -21,6 +21,7 @@ Design decisions:
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -132,3 +133,20 @@ def placements_for_run(
             raise ValueError(f"--engines-per-gpu needs --device auto or cuda, not {device!r}")
         return []
     return place_workers(n_workers, gpus, engines_per_gpu, fraction)
+
+
+async def embedded_cluster(n_workers: int, placements: Sequence[WorkerPlacement]) -> LocalCluster:
+    """``dynask run``'s own cluster: worker processes (isolated as on a real cluster),
+    each pinned to its GPU when ``placements`` name them."""
+    cores = os.cpu_count() or 1
+    options: dict[str, Any] = {
+        "threads_per_worker": max(1, cores // max(1, n_workers)),
+        "processes": True,
+        "asynchronous": True,
+        "dashboard_address": None,
+    }
+    if not placements:
+        return await LocalCluster(n_workers=n_workers, **options)  # type: ignore[no-untyped-call]
+    cluster = await PinnedLocalCluster(placements, **options)
+    await cluster.scale(n_workers)  # type: ignore[no-untyped-call]
+    return cluster

@@ -11,6 +11,13 @@ It runs every ``RECONCILE_INTERVAL_S`` and at once when ``actor_health`` reports
 actor or a worker joining or leaving; a replaced actor gets a new name (its old key may
 still be known to the scheduler). Actors are published on the scheduler, so a restarted
 control plane adopts the ones still running (``actor_adoption``).
+
+On an external scheduler several control planes may serve the same actors: a lease
+(``leadership``) makes one the leader, which reconciles as above; the others follow:
+each round they adopt what the leader published and let go of what it withdrew, and
+they never start, stop or record an actor. A follower that becomes leader closes the
+actor rows its predecessor left, records the actors it serves, adopts the rest and
+reconciles (replacing what was lost meanwhile).
 """
 
 from __future__ import annotations
@@ -19,8 +26,10 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
+import socket
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from distributed import Client, LocalCluster
@@ -30,10 +39,13 @@ from dynask.actors.api.actor_info import ActorInfo
 from dynask.actors.runtime.engine_actor import EngineActor
 from dynask.actors.runtime.gpu_discovery import GPUDiscoveryPlugin
 from dynask.control_plane.cluster import adoption as actor_adoption
-from dynask.control_plane.cluster.gpu_placement import PinnedLocalCluster, WorkerPlacement
+from dynask.control_plane.cluster.gpu_placement import WorkerPlacement, embedded_cluster
+from dynask.control_plane.cluster.leadership import ControlPlaneRole, DatasetTermStore, Lease
 from dynask.control_plane.cluster.placement_rules import may_place
 from dynask.control_plane.cluster.plan import engine_spec
 from dynask.control_plane.cluster.pools import PoolPlacement
+from dynask.control_plane.cluster.retiring import drain, newest_first, stop_quietly
+from dynask.control_plane.cluster.served_actors import ServedActors
 from dynask.control_plane.reliability.actor_health import ActorHealth
 from dynask.control_plane.serving.actor_handle import ActorHandle
 from dynask.control_plane.serving.readiness import DeploymentReadiness, deployment_readiness
@@ -43,11 +55,12 @@ from dynask.control_plane.state.deployment import DeploymentSpec, Role
 log = logging.getLogger(__name__)
 
 RECONCILE_INTERVAL_S = 5.0
+FOLLOW_INTERVAL_S = 1.0  # how soon a follower serves an actor the leader started
 ACTOR_START_TIMEOUT_S = 900.0  # creating an actor and loading its model
-DRAIN_TIMEOUT_S = 60.0  # a retired actor finishes its requests for at most this long
 
 
 ActorEventHook = Callable[[str, str, dict[str, Any]], None]
+DesiredState = Callable[[], Awaitable[list[DeploymentSpec]]]
 
 
 class ClusterRuntime:
@@ -62,7 +75,12 @@ class ClusterRuntime:
         on_actor_event: ActorEventHook | None = None,
         gpu_placements: Sequence[WorkerPlacement] = (),
         worker_plugins: Sequence[WorkerPlugin] = (),
+        desired_state: DesiredState | None = None,
+        on_lead: Callable[[], None] = lambda: None,
     ) -> None:
+        """``desired_state`` reads the deployments as stored (a follower follows them; a
+        new leader starts from them); ``on_lead`` runs as this one becomes the leader,
+        before it records the actors it serves (the control plane closes stale rows)."""
         self.service = service
         self.worker_plugins = list(worker_plugins)  # registered at start (tracing's)
         self.deployments = deployments
@@ -72,14 +90,35 @@ class ClusterRuntime:
         self.cluster: LocalCluster | None = None
         self.client: Client | None = None
         self._on_actor_event = on_actor_event or (lambda *_: None)
-        self._handles: dict[str, ActorHandle] = {}
+        self.served = ServedActors(service)
         self._reconciler: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._used_names: set[str] = set()
-        self._futures: dict[str, Any] = {}  # actor name -> its Dask future
         self.health: ActorHealth | None = None
         self.placement: PoolPlacement | None = None  # None: this control plane serves no pool
+        # This control plane in leases (the suffix: two containers may share host and pid).
+        self.holder = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.lease: Lease | None = None  # None: an embedded cluster, which only we serve
+        self._desired_state = desired_state
+        self._on_lead = on_lead
+        self._leading = False  # whether this one took the lead (closed rows, adopted all)
+        self._lease_task: asyncio.Task[None] | None = None
+        self._ignored: set[str] = set()  # published actors of deployments not ours
+        self._lost: set[str] = set()  # never adopted again (a name is never reused)
+
+    @property
+    def role(self) -> ControlPlaneRole:
+        return ControlPlaneRole.LEADER if self.lease is None else self.lease.role
+
+    @property
+    def is_leader(self) -> bool:
+        return self.role is ControlPlaneRole.LEADER
+
+    def leadership(self) -> dict[str, str | None]:
+        """This control plane's role, as ``/health`` and the admin UI show it."""
+        leader = self.holder if self.lease is None else self.lease.leader
+        return {"id": self.holder, "role": self.role.value, "leader": leader}
 
     def use_placement(self, placement: PoolPlacement) -> None:
         """Pools (``dyn://POOL``): their deployments follow their workers (``pools``)."""
@@ -88,7 +127,7 @@ class ClusterRuntime:
     async def start(self) -> None:
         address = self.scheduler_address
         if address is None:
-            self.cluster = await self._embedded_cluster()
+            self.cluster = await embedded_cluster(self.n_workers, self.gpu_placements)
             address = self.cluster.scheduler_address
         self.client = await Client(  # type: ignore[no-untyped-call]
             address, asynchronous=True, direct_to_workers=True
@@ -97,31 +136,29 @@ class ClusterRuntime:
         for plugin in self.worker_plugins:
             await self.client.register_plugin(plugin)
         self.health = ActorHealth(
-            self.client, self.service.reliability, self._handles.values, self._wake.set
+            self.client, self.service.reliability, self.served.handles.values, self._wake.set
         )
         self.health.start()
-        await self._adopt_published()
+        if self.scheduler_address is not None:
+            self.lease = Lease(DatasetTermStore(self.client, self._scope()), self.holder)
+            await self.lease.tick()
+            self._lease_task = asyncio.create_task(
+                self.lease.keep(lambda _: self._wake.set()), name="lease"
+            )
         await self.reconcile()
         self._reconciler = asyncio.create_task(self._reconcile_forever(), name="reconciler")
 
-    async def _embedded_cluster(self) -> LocalCluster:
-        cores = os.cpu_count() or 1
-        options: dict[str, Any] = {
-            "threads_per_worker": max(1, cores // max(1, self.n_workers)),
-            "processes": True,
-            "asynchronous": True,
-            "dashboard_address": None,
-        }
-        if not self.gpu_placements:
-            return await LocalCluster(n_workers=self.n_workers, **options)  # type: ignore[no-untyped-call]
-        cluster = await PinnedLocalCluster(self.gpu_placements, **options)
-        await cluster.scale(self.n_workers)  # type: ignore[no-untyped-call]
-        return cluster
+    def _scope(self) -> str:
+        """Which control planes share a lease: a pool's front ends, or a cluster's."""
+        if self.placement is None:
+            return "cluster"
+        return "pool-" + "+".join(sorted(self.placement.pools))
 
     async def _reconcile_forever(self) -> None:
         while True:
+            interval = RECONCILE_INTERVAL_S if self.is_leader else FOLLOW_INTERVAL_S
             with contextlib.suppress(TimeoutError):  # no wake-up: the periodic round
-                await asyncio.wait_for(self._wake.wait(), RECONCILE_INTERVAL_S)
+                await asyncio.wait_for(self._wake.wait(), interval)
             self._wake.clear()
             try:
                 await self.reconcile()
@@ -130,58 +167,88 @@ class ClusterRuntime:
 
     def set_deployments(self, deployments: list[DeploymentSpec]) -> None:
         """Replaces the desired state; the next ``reconcile`` acts on it."""
+        if list(deployments) != self.deployments:
+            self._ignored.clear()  # a deployment added or changed may want them now
         self.deployments = list(deployments)
 
     async def reconcile(self) -> None:
-        """Creates missing replicas on free workers; drops actors whose stream broke and
-        stops the ones no deployment wants any more (scaled down or deleted)."""
+        """The leader creates missing replicas on free workers, drops actors whose stream
+        broke and stops the ones no deployment wants any more (scaled down or deleted);
+        a follower follows the leader's actors instead."""
         async with self._lock:
+            if not self.is_leader:
+                self._leading = False
+                await self._follow()
+                return
+            if not self._leading:
+                await self._take_lead()
             await self._drop_broken()
             placement = self.placement
             if placement is not None:
                 self.deployments = placement.wanted(self.deployments, await self._workers())
             await self._stop_surplus()
             for deployment in self.deployments:
-                missing = deployment.replicas - self._count(deployment.name)
+                missing = deployment.replicas - self.served.count(deployment.name)
                 served = placement.pools if placement is not None else ()
                 free = [w for w in await self._free_workers() if may_place(deployment, w, served)]
                 for worker in free[: max(0, missing)]:
                     await self._start_actor(deployment, worker)
 
+    async def _follow(self) -> None:
+        """A follower's round: the stored desired state, the leader's actors."""
+        if self._desired_state is not None:
+            self.set_deployments(await self._desired_state())
+        await self._drop_broken()
+        await self._sync_published()
+
+    async def _take_lead(self) -> None:
+        """Becoming the leader: the stored desired state (a dead leader's changes are
+        there), the actor rows re-recorded, every published actor adopted (or stopped)."""
+        if self._desired_state is not None:
+            self.set_deployments(await self._desired_state())
+        await self._drop_broken()
+        self._on_lead()
+        for name, handle in self.served.handles.items():
+            details = {"worker": handle.worker, "deployment": handle.deployment}
+            self._record(name, "starting", details)
+            self._record(name, "ready", {**details, "stream_address": handle.info.stream_address})
+        await self._sync_published()
+        self._leading = True
+
+    def _record(self, actor: str, status: str, details: dict[str, Any]) -> None:
+        """Only the leader writes the actors' lifecycle down."""
+        if self.is_leader:
+            self._on_actor_event(actor, status, details)
+
     async def _drop_broken(self) -> None:
-        for name, handle in list(self._handles.items()):
+        for name, handle in list(self.served.handles.items()):
             if handle.broken:
-                log.warning("engine actor %s is gone; a replacement will be started", name)
-                self.service.remove_actor(name)
-                del self._handles[name]
+                log.warning("engine actor %s is gone; the leader replaces it", name)
+                self._lost.add(name)
+                self.served.remove(name)
                 await handle.close()
                 await self._forget(name)
                 reason = handle.lost_reason or "stream_closed"
                 self.service.metrics.actors_lost.labels(reason).inc()
-                self._on_actor_event(name, "lost", {"worker": handle.worker, "reason": reason})
+                self._record(name, "lost", {"worker": handle.worker, "reason": reason})
 
     async def _forget(self, name: str) -> None:
-        """Withdraws the actor's dataset and releases its key."""
+        """Releases the actor's key; the leader also withdraws its dataset."""
         assert self.client is not None
-        await actor_adoption.withdraw(self.client, name)
-        future = self._futures.pop(name, None)
-        if future is not None:
-            future.release()
+        if self.is_leader:
+            await actor_adoption.withdraw(self.client, name)
+        self.served.release(name)
 
     async def _stop_surplus(self) -> None:
         wanted = {d.name: d.replicas for d in self.deployments}
-        for name, handle in sorted(self._handles.items(), key=newest_first, reverse=True):
-            if self._count(handle.deployment) <= wanted.get(handle.deployment, 0):
+        for name, handle in sorted(self.served.handles.items(), key=newest_first, reverse=True):
+            if self.served.count(handle.deployment) <= wanted.get(handle.deployment, 0):
                 continue
-            self.service.remove_actor(name)
-            del self._handles[name]
-            await _drain(handle)
+            self.served.remove(name)
+            await drain(handle)
             await self._stop_handle(handle)
             await self._forget(name)
-            self._on_actor_event(name, "stopped", {"worker": handle.worker})
-
-    def _count(self, deployment: str) -> int:
-        return sum(1 for h in self._handles.values() if h.deployment == deployment)
+            self._record(name, "stopped", {"worker": handle.worker})
 
     async def _workers(self) -> list[dict[str, Any]]:
         assert self.client is not None
@@ -189,7 +256,7 @@ class ClusterRuntime:
         return [{"address": a, **w} for a, w in info["workers"].items()]
 
     async def _free_workers(self) -> list[dict[str, Any]]:
-        used = {h.worker for h in self._handles.values()}
+        used = self.served.workers()
         if self.health is not None:
             used |= set(self.health.quarantined)  # hung: registered, but not answering
         workers = [w for w in await self._workers() if w["address"] not in used]
@@ -236,9 +303,7 @@ class ClusterRuntime:
             log.error("engine actor %s failed to start on %s: %s", name, address, exc)
             self._on_actor_event(name, "failed", {"worker": address, "error": str(exc)})
             raise
-        self._futures[name] = future
-        self._handles[name] = handle
-        self.service.add_actor(deployment.model_name, handle)
+        self.served.add(deployment.model_name, handle, future)
         self._on_actor_event(
             name, "ready", {"worker": address, "stream_address": info.stream_address}
         )
@@ -260,39 +325,54 @@ class ClusterRuntime:
         self._used_names.add(f"{deployment}-{index}")
         return f"{deployment}-{index}"
 
-    async def _adopt_published(self) -> None:
-        """Takes over the actors a previous control plane left running (see
-        ``actor_adoption``); stops those no deployment wants as they are."""
+    async def _sync_published(self) -> None:
+        """Adopts the published actors not served here yet (a predecessor's, or the
+        leader's new ones; see ``actor_adoption``). The leader stops those no deployment
+        wants as they are and drops the unreachable; a follower lets go of the actors the
+        leader withdrew and leaves everything else to it."""
         assert self.client is not None
-        plans = {d.name: d for d in self.deployments}
-        for found in await actor_adoption.find_published(self.client):
-            self._used_names.add(found.name)
-            plan = plans.get(found.deployment)
-            if plan is None or engine_spec(plan) != found.spec:
-                log.warning("stopping engine actor %s: no deployment wants it now", found.name)
-                await _stop_quietly(found.proxy)
-                await actor_adoption.withdraw(self.client, found.name)
+        published = await actor_adoption.published_names(self.client)
+        if not self.is_leader:
+            for name in set(self.served.handles) - published:
+                self.served.let_go(name)
+        for name in sorted(published - set(self.served.handles) - self._ignored - self._lost):
+            self._used_names.add(name)
+            try:
+                found = await actor_adoption.adopt(self.client, name)
+            except Exception as exc:  # its worker died while no leader watched
+                log.warning("published engine actor %s is unreachable: %s", name, exc)
+                if self.is_leader:
+                    await actor_adoption.withdraw(self.client, name)
                 continue
-            info = await self._with_kv_listener(found.proxy, plan.role, found.info)
-            handle = ActorHandle(found.name, found.deployment, found.proxy, info, role=plan.role)
-            await handle.connect()
-            self._futures[found.name] = found.future
-            self._handles[found.name] = handle
-            self.service.add_actor(plan.model_name, handle)
-            details = {"worker": handle.worker, "deployment": found.deployment}
-            self._on_actor_event(found.name, "starting", details)
-            self._on_actor_event(
-                found.name, "ready", {**details, "stream_address": found.info.stream_address}
-            )
-            log.info("adopted running engine actor %s on %s", found.name, handle.worker)
+            await self._serve_adopted(found)
+
+    async def _serve_adopted(self, found: actor_adoption.PublishedActor) -> None:
+        assert self.client is not None
+        plan = next((d for d in self.deployments if d.name == found.deployment), None)
+        if plan is None or (self.is_leader and engine_spec(plan) != found.spec):
+            if self.is_leader and self.placement is None:  # a pool's leader minds its own
+                log.warning("stopping engine actor %s: no deployment wants it now", found.name)
+                await stop_quietly(found.proxy)
+                await actor_adoption.withdraw(self.client, found.name)
+            else:
+                self._ignored.add(found.name)
+            return
+        info = await self._with_kv_listener(found.proxy, plan.role, found.info)
+        handle = ActorHandle(found.name, found.deployment, found.proxy, info, role=plan.role)
+        await handle.connect()
+        self.served.add(plan.model_name, handle, found.future)
+        details = {"worker": handle.worker, "deployment": found.deployment}
+        self._record(found.name, "starting", details)
+        self._record(found.name, "ready", {**details, "stream_address": info.stream_address})
+        log.info("serving engine actor %s on %s (%s)", found.name, handle.worker, self.role.value)
 
     def readiness(self) -> list[DeploymentReadiness]:
         """Each deployment's wanted replicas against its engine actors that serve now."""
-        ready = Counter(h.deployment for h in self._handles.values() if not h.broken)
+        ready = Counter(h.deployment for h in self.served.handles.values() if not h.broken)
         return deployment_readiness({d.name: d.replicas for d in self.deployments}, ready)
 
     async def refresh_stats(self) -> None:
-        for handle in list(self._handles.values()):
+        for handle in list(self.served.handles.values()):
             if not handle.broken:
                 stats = await handle.refresh_stats()
                 self.service.metrics.observe_actor(handle.name, stats)
@@ -300,45 +380,29 @@ class ClusterRuntime:
     async def _stop_handle(self, handle: ActorHandle) -> None:
         await handle.close()
         if not handle.broken:
-            await _stop_quietly(handle.proxy)
+            await stop_quietly(handle.proxy)
 
     async def stop(self) -> None:
-        if self._reconciler is not None:
-            self._reconciler.cancel()
+        """Stops serving. The last control plane stops its actors; a follower, or a
+        leader that handed over to one, leaves them running for the others."""
+        for task in (self._reconciler, self._lease_task):
+            if task is not None:
+                task.cancel()
         if self.health is not None:
             self.health.stop()
-        for name, handle in list(self._handles.items()):
-            await self._stop_handle(handle)
-            await self._forget(name)
-        self._handles.clear()
+        keep_actors = self.lease is not None and await self.lease.hand_over()
+        for name in list(self.served.handles):
+            handle = self.served.remove(name)
+            if keep_actors:
+                await handle.close()
+                self.served.release(name)
+            else:  # the last control plane: the actors go with it
+                await self._stop_handle(handle)
+                await actor_adoption.withdraw(self.client, name)
+                self.served.release(name)
         if self.client is not None:
             await self.client.close()  # type: ignore[no-untyped-call]
         if self.cluster is not None:
             closing = self.cluster.close()
             if closing is not None:
                 await closing
-
-
-async def _drain(handle: ActorHandle) -> None:
-    """Waits for a retired actor's requests (no new ones reach it) to finish, so scaling
-    down loses none; after ``DRAIN_TIMEOUT_S`` the rest are stopped with it."""
-    deadline = asyncio.get_running_loop().time() + DRAIN_TIMEOUT_S
-    while handle.in_flight and not handle.broken:
-        if asyncio.get_running_loop().time() > deadline:
-            log.warning("stopping %s with %d requests unfinished", handle.name, handle.in_flight)
-            return
-        await asyncio.sleep(0.05)
-
-
-async def _stop_quietly(proxy: Any) -> None:
-    try:
-        await asyncio.wait_for(proxy.stop(), timeout=10)
-    except Exception as exc:  # stopping: report, keep closing the rest
-        log.warning("stopping an engine actor failed: %s", exc)
-
-
-def newest_first(item: tuple[str, Any]) -> tuple[str, int]:
-    """Sort key of ``(actor name, …)``: actors are named ``DEPLOYMENT-N`` with N counting
-    up, so by deployment, then by N as a number (``decode-10`` after ``decode-9``)."""
-    base, _, index = item[0].rpartition("-")
-    return (base, int(index)) if index.isdigit() else (item[0], -1)

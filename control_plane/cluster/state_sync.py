@@ -3,7 +3,8 @@
 Deployments (desired state) go into the database when ``run``/``serve`` start, and a
 ``serve`` without a deploy file restores them from it. Actor instances and workers
 (observed state) are written as the runtime starts, loses or replaces actors; every
-change lands in the event log.
+change lands in the event log. Only the leading control plane writes actor rows
+(``leadership``), so the rows left open when it becomes the leader are a dead one's.
 """
 
 from __future__ import annotations
@@ -61,6 +62,12 @@ class ActorRecorder:
     def __call__(self, actor: str, status: str, details: dict[str, Any]) -> None:
         self._writer.submit(self._record_quietly, actor, status, dict(details))
 
+    def close_stale(self, who: str, reason: str) -> None:
+        """Marks the actor rows left open ``lost`` (a control plane becoming the leader:
+        rows only leaders write, so these are a dead predecessor's), in order with the
+        writes queued before and after."""
+        self._writer.submit(self._close_stale_quietly, who, reason)
+
     def close(self) -> None:
         """Waits for the writes already queued."""
         self._writer.shutdown(wait=True)
@@ -70,6 +77,16 @@ class ActorRecorder:
             self._record(actor, status, details)
         except Exception:  # state is advisory here: serving goes on, the log says why
             log.exception("could not record actor %s as %s", actor, status)
+
+    def _close_stale_quietly(self, who: str, reason: str) -> None:
+        try:
+            stale = self.repo.close_stale_actors(who, reason)
+        except Exception:  # state is advisory here: serving goes on, the log says why
+            log.exception("could not close the actor rows left open")
+            return
+        self._ids.clear()
+        if stale:
+            log.warning("marked %d actor rows left by a previous leader as lost", stale)
 
     def _record(self, actor: str, status: str, details: dict[str, Any]) -> None:
         worker = str(details.get("worker", ""))

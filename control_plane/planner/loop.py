@@ -66,6 +66,8 @@ class PlannerLoop:
     async def _run_forever(self) -> None:
         while True:
             await asyncio.sleep(self.config.interval_s)
+            if not self.runtime.is_leader:  # the leading control plane plans (leadership)
+                continue
             try:
                 await self.step()
             except Exception:

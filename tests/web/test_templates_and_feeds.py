@@ -56,6 +56,7 @@ def test_the_overview_feed_sends_each_table_once_until_it_changes(stack: AdminSt
     sent = asyncio.run(first_ticks())
     assert [name for name, _ in sent] == ["summary", "workers", "actors"]
     assert "starting…" in sent[0][1]
+    assert 'id="control-plane-role">leader</div>' in sent[0][1]  # an embedded cluster's
     assert "No workers yet" in sent[1][1]
     assert "No engine actors yet" in sent[2][1]
 

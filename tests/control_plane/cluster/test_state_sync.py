@@ -35,3 +35,24 @@ def test_lifecycle_is_recorded_in_order_off_the_callers_thread(repo: Repository)
     kinds = [e.kind for e in noting.recent_events() if e.subject == "smollm-0"]
     assert sorted(kinds) == ["actor.ready", "actor.starting"]
     assert noting.write_threads and threading.get_ident() not in noting.write_threads
+
+
+def test_a_new_leader_closes_the_open_rows_in_order_with_its_own(repo: Repository) -> None:
+    """What ``on_lead`` does: the rows a dead leader left are closed, then the actors the
+    new one serves are recorded again; later events reach the new rows, not the old."""
+    repo.create_deployment(DeploymentSpec(name="smollm", model="m", engine="mocker"), "test")
+    dead = ActorRecorder(repo)
+    details = {"deployment": "smollm", "worker": "tcp://10.0.0.1:4000"}
+    dead("smollm-0", "starting", details)
+    dead("smollm-0", "ready", {**details, "stream_address": "10.0.0.1:5000"})
+    dead.close()  # (killed: it writes nothing more)
+
+    leader = ActorRecorder(repo)
+    leader.close_stale("cli", "left by a dead leader")
+    leader("smollm-0", "starting", details)
+    leader("smollm-0", "ready", {**details, "stream_address": "10.0.0.1:5000"})
+    leader("smollm-0", "lost", {"worker": details["worker"], "reason": "stream_closed"})
+    leader.close()
+
+    rows = [(a.status, a.error) for a in repo.list_actors("smollm")]
+    assert rows == [("lost", "left by a dead leader"), ("lost", None)]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dynask.control_plane.cluster.reconciler import newest_first
+from dynask.control_plane.cluster.retiring import newest_first
 
 
 def test_newest_first_orders_actor_numbers_as_numbers() -> None:

@@ -13,7 +13,7 @@ from dynask.control_plane.state import database
 from dynask.control_plane.state.database import current_revision, downgrade, make_engine, upgrade
 from dynask.control_plane.state.models import Base
 
-HEAD = "0011"  # the newest revision
+HEAD = "0010"  # the newest revision
 TABLES = {
     "alembic_version",
     "actor_instances",

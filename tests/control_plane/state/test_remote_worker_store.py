@@ -1,4 +1,4 @@
-"""Remote workers as stored (``remote_workers``, migration 0011), on SQLite and PostgreSQL."""
+"""Remote workers as stored (``remote_workers``, migration 0010), on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 

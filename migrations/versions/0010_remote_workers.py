@@ -1,7 +1,7 @@
 """Workers on other hosts (started over SSH from the admin UI) are kept, so a restarted
 control plane starts them again.
 
-Revision ID: 0011
+Revision ID: 0010
 Revises: 0009
 Create Date: 2026-12-01
 
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0011"
+revision: str = "0010"
 down_revision: str | None = "0009"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None

@@ -270,16 +270,30 @@ class LLMEngine:
         """One scheduling step: schedule, run the model, apply results, emit deltas.
 
         With a decode step in flight (asynchronous scheduling) it launches the next one
-        when it can, then applies the one in flight: one step's tokens per call, so a
-        request's deltas keep their own step's time (the scheduler runs on the next call).
+        when it can, then applies the one in flight. When it could not launch one because
+        work waits (an arrival, a prefill chunk, a row that needs its logits on the host),
+        it publishes the applied step's deltas and runs the scheduled step in the same
+        call: a request arriving mid-decode waits for the step in flight and then its
+        prefill, not also for the caller's next call. Otherwise an inline driver whose
+        clients answer between calls (a closed loop) lets the successors of requests
+        that ended in the applied step join that prefill, and arrivals pile up into ever
+        larger admission steps (``bench.engine.mixed_load``: TTFT p99 34 -> 52 ms on the
+        H200). Each step's deltas are published when that step is applied.
         """
         with self._step_lock:
             outputs = self._drain_inbox()
-            if self._in_flight():
-                outputs += self._advance_async()
-            else:
+            if not self._in_flight():
                 outputs += self._scheduled_step()
+                waits = False
+            else:
+                outputs += self._advance_async()
+                waits = not self._in_flight() and self.scheduler.has_work()
         self._publish(outputs)
+        if waits:
+            with self._step_lock:
+                scheduled = self._drain_inbox() + self._scheduled_step()
+            self._publish(scheduled)
+            outputs += scheduled
         return outputs
 
     def _in_flight(self) -> bool:

@@ -17,12 +17,13 @@ What it costs: a sequence that stops at step ``N`` (EOS, a stop token or string)
 owned and frees (a block not yet full, so never in the prefix cache). A sequence whose
 ``max_tokens`` or the context ends at ``N`` is left out of ``N + 1``. Work that is not
 a plain decode step goes back to the synchronous path: the step in flight is applied (the
-host waits for it), and the next ``engine.step()`` call schedules as usual. That is the
-case when a request waits for admission (its prefill chunk joins the next step), when a
-running sequence was not in the step (a prefill still in chunks), when a row's logits
-need the host (penalties, logit_bias, min_tokens, logprobs, a grammar mask) or its
-blocks cannot be reserved. Greedy and plain sampled rows (temperature, top-k, top-p:
-drawn on the device from the row's position-seeded generator) both overlap.
+host waits for it, and its deltas go out), and the same ``engine.step()`` call then
+schedules as usual. That is the case when a request waits for admission (its prefill
+chunk joins the next step), when a running sequence was not in the step (a prefill still
+in chunks), when a row's logits need the host (penalties, logit_bias, min_tokens,
+logprobs, a grammar mask) or its blocks cannot be reserved. Greedy and plain sampled
+rows (temperature, top-k, top-p: drawn on the device from the row's position-seeded
+generator) both overlap.
 
 Measured on the H200 (issue 19, 8B bf16, same run against synchronous steps): a decode
 step of 5.12 / 9.30 / 22.73 ms at batch 1 / 64 / 256 became 4.60 / 6.12 / 11.91 ms, about

@@ -127,8 +127,9 @@ def test_seeded_sampled_rows_draw_what_synchronous_steps_draw(tiny_llama_folder:
 
 
 def test_an_arrival_and_an_abort_in_flight(tiny_llama_folder: Path) -> None:
-    # A request arriving mid-decode makes the engine apply the step in flight and run a
-    # scheduled (mixed) step; an abort while a step is in flight drops the row's token.
+    # A request arriving mid-decode makes the engine apply the step in flight, publish it
+    # and run the scheduled (mixed) step in the same call; an abort while a step is in
+    # flight drops the row's token.
     first, second, third = prompts_of_lengths([10, 14, 6], seed=8)
     sync, overlapped = _engines(tiny_llama_folder, block_size=4)
     outputs = {}
@@ -137,24 +138,30 @@ def test_an_arrival_and_an_abort_in_flight(tiny_llama_folder: Path) -> None:
         b = engine.add_request(second, _greedy(20))
         for _ in range(5):
             engine.step()
+        assert len(a.token_ids) == len(b.token_ids) == 5
         if engine is overlapped:
             assert engine.async_decodes is not None and engine.async_decodes.inflight is not None
         c = engine.add_request(third, _greedy(8))
-        engine.step()  # the step in flight is applied, none launched after it
+        engine.step()
+        # sync: one mixed step; overlapped: the step in flight, then the mixed one
+        # (synchronous: none in flight after it), each published on its own.
+        ahead = int(engine is overlapped)
+        assert len(a.token_ids) == len(b.token_ids) == 6 + ahead and len(c.token_ids) == 1
+        assert all(len(out.token_ids) == 1 for out in a.received)
         if engine is overlapped:
             assert engine.async_decodes is not None and engine.async_decodes.inflight is None
-        engine.step()  # c's prefill runs beside a and b
         engine.abort(b.request_id)
         while not (a.finished and b.finished and c.finished):
             engine.step()
         outputs[engine is overlapped] = (a.token_ids, b.token_ids, c.token_ids, b.finish_reason)
         _free_pool(engine)
 
-    # One step's tokens per call either way: the same tokens at the same calls.
-    assert outputs[True] == outputs[False]
     a_tokens, b_tokens, c_tokens, b_reason = outputs[True]
+    sync_a, sync_b, sync_c, _ = outputs[False]
+    assert a_tokens == sync_a and c_tokens == sync_c
     assert len(a_tokens) == 20 and len(c_tokens) == 8 and b_reason == "abort"
-    assert 0 < len(b_tokens) < 20
+    # b was aborted one step later in the overlapped engine: one token more, same prefix.
+    assert b_tokens[:-1] == sync_b and len(b_tokens) == 7
 
 
 def test_rows_needing_host_logits_run_synchronously(tiny_llama_folder: Path) -> None:

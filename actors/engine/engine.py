@@ -72,7 +72,11 @@ class LLMEngine:
         self.async_decodes: AsyncDecodes | None = None  # asynchronous scheduling, if on
         if config.async_scheduling_on() and isinstance(self.parts.runner, ModelRunner):
             self.async_decodes = AsyncDecodes(
-                self.parts.runner, self.scheduler, self.parts.kv_manager, self.max_model_len
+                self.parts.runner,
+                self.scheduler,
+                self.parts.kv_manager,
+                self.max_model_len,
+                mixed_steps=config.decode_burst <= 1,
             )
         self.structured_outputs = StructuredOutputs(
             self.tokenizer, self.parts.model_config.vocab_size, self.parts.eos_token_ids

@@ -118,12 +118,20 @@ class AsyncDecodes:
     """The step in flight, if any, and how the engine moves it along."""
 
     def __init__(
-        self, runner: StepLauncher, scheduler: Scheduler, kv: KVCacheManager, max_model_len: int
+        self,
+        runner: StepLauncher,
+        scheduler: Scheduler,
+        kv: KVCacheManager,
+        max_model_len: int,
+        mixed_steps: bool = True,
     ) -> None:
         self.runner = runner
         self.scheduler = scheduler
         self.kv = kv
         self.max_model_len = max_model_len
+        # False: steps with prefill chunks run synchronously, so the decode steps after
+        # them are scheduled (and burst: ``decode_burst``) rather than chained on the device.
+        self.mixed_steps = mixed_steps
         self.inflight: InflightStep | None = None
 
     def start(self, out: SchedulerOutput) -> bool:
@@ -137,7 +145,7 @@ class AsyncDecodes:
             seqs = [chunk.seq for chunk in out.chunks]
             self.inflight = InflightStep.decode(seqs, self.runner.launch_decode(seqs, None, []))
             return True
-        if not any(chunk.samples for chunk in out.chunks):
+        if not self.mixed_steps or not any(chunk.samples for chunk in out.chunks):
             return False
         pending, sampled = self.runner.launch_step(out.chunks)
         self.inflight = InflightStep(list(out.chunks), sampled, pending)

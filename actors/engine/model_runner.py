@@ -154,21 +154,48 @@ class ModelRunner:
         return results
 
     @torch.inference_mode()
+    def launch_step(self, chunks: list[ScheduledChunk]) -> tuple[PendingTokens, list[int]]:
+        """Launches a scheduled step (prefill chunks, decode rows beside them) and returns its
+        sampled ids, not waiting for them, with the index in ``chunks`` of each id's chunk.
+
+        Every row's logits must need nothing on the host (``cuda.overlap.overlaps``) and at
+        least one chunk must sample. On CUDA the eager forward pass is queued behind the
+        work already on the stream and nothing here waits for the GPU.
+        """
+        ordered = sorted(range(len(chunks)), key=lambda i: not is_decode(chunks[i]))
+        plan = StepPlan.build([chunks[i] for i in ordered], self.spec.block_size)
+        sampled_rows = [i for i in ordered if chunks[i].samples]
+        logits = self._logits(plan, ordered, sampled_rows)
+        assert logits is not None  # a chunk samples
+        seqs = [chunks[i].seq for i in sampled_rows]
+        params = [seq.params for seq in seqs]
+        if all(p.greedy for p in params):
+            return PendingTokens(logits.argmax(dim=-1)), sampled_rows
+        draws = [seq.next_draw() for seq in seqs]
+        return PendingTokens(sample_tensor(logits, params, draws)), sampled_rows
+
+    @torch.inference_mode()
     def launch_decode(
-        self, seqs: list[Sequence], previous: PendingTokens | None, rows: list[int]
+        self,
+        seqs: list[Sequence],
+        previous: PendingTokens | None,
+        rows: list[int],
+        in_flight: list[int] | None = None,
     ) -> PendingTokens:
         """Launches a decode step of ``seqs`` and returns its sampled ids, not waiting for them
         (asynchronous scheduling, ``cuda.overlap``).
 
         Without ``previous`` each row's input is its sequence's last token. With it, the
         input is the token ``previous`` sampled at ``rows[i]``, which the host has not
-        applied yet: the row sits one position further on, in a slot already reserved.
+        applied yet: the row sits ``in_flight[i]`` positions further on (the tokens the
+        step in flight computes for it: 1 for a decode row, a prefill chunk's length; 1
+        each by default), in a slot already reserved.
         With a CUDA graph for the batch nothing here waits for the GPU; otherwise (the CPU)
         the step runs eagerly, after reading ``previous``.
         """
-        ahead = 0 if previous is None else 1
+        ahead = [0] * len(seqs) if previous is None else in_flight or [1] * len(seqs)
         block_size = self.spec.block_size
-        positions = [seq.num_computed_tokens + ahead for seq in seqs]
+        positions = [seq.num_computed_tokens + n for seq, n in zip(seqs, ahead, strict=True)]
         slots = [slot_of(seq, p, block_size) for seq, p in zip(seqs, positions, strict=True)]
         tables = [block_ids(seq, p + 1, block_size) for seq, p in zip(seqs, positions, strict=True)]
         graphs = self.graphs
@@ -222,7 +249,10 @@ class ModelRunner:
         hidden = self.model(input_ids, positions, self.kv_caches, meta)
         if not sampled_rows:
             return None
-        row_index = torch.tensor(plan.last_rows(ordered, sampled_rows)).to(self.device)
+        rows = torch.tensor(plan.last_rows(ordered, sampled_rows))
+        if self.cuda_layout is not None:  # a pageable copy would wait for the forward pass
+            rows = rows.pin_memory()
+        row_index = rows.to(self.device, non_blocking=True)
         return self.model.compute_logits(hidden.index_select(0, row_index))
 
     def export_blocks(self, block_ids: list[int]) -> torch.Tensor:

@@ -3,9 +3,12 @@
 A closed loop of ``--clients`` clients drives the engine inline (``engine.step()``): each
 client sends a request (a fresh prompt of random token ids, ``--new-tokens`` greedy
 tokens, EOS ignored) and, when it ends, the next one; client ``i`` starts at step ``i``,
-so arrivals spread out as they do in serving. Every output is stamped when its step
-returns: TTFT = first stamp − send, ITL = the gaps between a request's stamps. The first
-request of each client is warm-up; the rest are measured.
+so arrivals spread out as they do in serving. Every output is stamped when the engine
+publishes it (an output listener: one ``step()`` call may apply a decode step in flight
+and then run a scheduled one, publishing each): TTFT = first stamp − send, ITL = the gaps
+between a request's stamps. The first request of each client is warm-up; the rest are
+measured. Besides the latencies each row counts the prompts admitted per admitting step
+(``admitted_max``; 1 when every arrival gets its own prefill step).
 
 Each ``--caps`` value sets the scheduler's ``max_prefill_tokens_with_decodes`` (``none``:
 no cap, prefill takes the whole ``max_num_batched_tokens``) for one run on the same
@@ -59,14 +62,59 @@ class MixedRow:
     itl_max_ms: float
     mean_step_ms: float
     steps: int
+    admitted_mean: float  # prompts admitted per step that admits any
+    admitted_max: int
+
+
+class PublishClock:
+    """An output listener: each published batch of outputs with the time it went out."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[float, list[Any]]] = []
+
+    def __call__(self, outputs: list[Any]) -> None:
+        self.batches.append((time.perf_counter(), outputs))
+
+    def take(self) -> list[tuple[float, list[Any]]]:
+        batches, self.batches = self.batches, []
+        return batches
+
+
+class AdmissionCounter:
+    """Wraps ``scheduler.schedule``: how many prompts each step admits (prefill starts)."""
+
+    def __init__(self, scheduler: Any) -> None:
+        self.counts: list[int] = []
+        self._scheduler = scheduler
+        self._schedule = scheduler.schedule
+        scheduler.schedule = self._counted
+
+    def _counted(self) -> Any:
+        waiting = {id(seq) for seq in self._scheduler.waiting}
+        out = self._schedule()
+        admitted = sum(1 for chunk in out.chunks if id(chunk.seq) in waiting)
+        if admitted:
+            self.counts.append(admitted)
+        return out
+
+    def take(self) -> list[int]:
+        counts, self.counts = self.counts, []
+        return counts
 
 
 def _pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) * 1e3 if values else float("nan")
 
 
-def run_mixed(engine: Any, cap: int | None, args: argparse.Namespace, seed: int) -> MixedRow:
+def run_mixed(
+    engine: Any,
+    probes: tuple[PublishClock, AdmissionCounter],
+    cap: int | None,
+    args: argparse.Namespace,
+    seed: int,
+) -> MixedRow:
     engine.scheduler.config = replace(engine.scheduler.config, max_prefill_tokens_with_decodes=cap)
+    clock, admissions = probes
     params = greedy(args.new_tokens)
     sent_per_client = [0] * args.clients
     live: dict[str, Request] = {}
@@ -82,34 +130,37 @@ def run_mixed(engine: Any, cap: int | None, args: argparse.Namespace, seed: int)
         live[stream.request_id] = Request(client, time.perf_counter(), sent_per_client[client] > 0)
         sent_per_client[client] += 1
 
+    clock.take()
+    admissions.take()
     start = time.perf_counter()
     steps_before = engine.stats().num_steps
     measured_start: float | None = None
     while live or step < args.clients:
         if step < args.clients:
             send(step)
-        outputs = engine.step()
-        now = time.perf_counter()
+        engine.step()
         step += 1
-        for output in outputs:
-            request = live.get(output.request_id)
-            if request is None:
-                continue
-            if output.token_ids:
-                request.stamps.append(now)
-                request.tokens += len(output.token_ids)
-            if output.finish_reason is not None:
-                done.append(live.pop(output.request_id))
-                if sent_per_client[request.client] < args.requests_per_client:
-                    if measured_start is None:
-                        measured_start = now
-                    send(request.client)
+        for stamp, outputs in clock.take():
+            for output in outputs:
+                request = live.get(output.request_id)
+                if request is None:
+                    continue
+                if output.token_ids:
+                    request.stamps.append(stamp)
+                    request.tokens += len(output.token_ids)
+                if output.finish_reason is not None:
+                    done.append(live.pop(output.request_id))
+                    if sent_per_client[request.client] < args.requests_per_client:
+                        if measured_start is None:
+                            measured_start = stamp
+                        send(request.client)
     end = time.perf_counter()
     measured = [r for r in done if r.measured]
     ttft = [r.stamps[0] - r.sent for r in measured if r.stamps]
     itl = [b - a for r in measured for a, b in zip(r.stamps, r.stamps[1:], strict=False)]
     window = end - (measured_start or start)
     steps = engine.stats().num_steps - steps_before
+    admitted = admissions.take()
     return MixedRow(
         cap=cap,
         requests=len(measured),
@@ -121,6 +172,8 @@ def run_mixed(engine: Any, cap: int | None, args: argparse.Namespace, seed: int)
         itl_max_ms=max(itl, default=float("nan")) * 1e3,
         mean_step_ms=(end - start) / max(1, steps) * 1e3,
         steps=steps,
+        admitted_mean=sum(admitted) / max(1, len(admitted)),
+        admitted_max=max(admitted, default=0),
     )
 
 
@@ -144,13 +197,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def format_rows(rows: list[MixedRow]) -> str:
     lines = [
         f"{'cap':>6}  {'reqs':>5}  {'tok/s':>8}  {'TTFT p50':>8}  {'TTFT p99':>8}  "
-        f"{'ITL p50':>7}  {'ITL p99':>7}  {'ITL max':>7}  {'step ms':>7}"
+        f"{'ITL p50':>7}  {'ITL p99':>7}  {'ITL max':>7}  {'step ms':>7}  {'admitted':>9}"
     ]
     for r in rows:
         lines.append(
             f"{r.cap or 'none':>6}  {r.requests:>5}  {r.output_tok_s:>8.0f}  "
             f"{r.ttft_p50_ms:>8.1f}  {r.ttft_p99_ms:>8.1f}  {r.itl_p50_ms:>7.2f}  "
-            f"{r.itl_p99_ms:>7.2f}  {r.itl_max_ms:>7.1f}  {r.mean_step_ms:>7.2f}"
+            f"{r.itl_p99_ms:>7.2f}  {r.itl_max_ms:>7.1f}  {r.mean_step_ms:>7.2f}  "
+            f"{r.admitted_mean:>4.2f}/{r.admitted_max:<4}"
         )
     return "\n".join(lines)
 
@@ -180,8 +234,12 @@ def main(argv: list[str] | None = None) -> None:
         facts.update(engine_cuda.gpu_facts(torch.device(args.device)))
     engine, _ = build_engine(config)
     warm_up(engine, None, args.prompt_len)
+    clock = PublishClock()
+    engine.add_output_listener(clock)
+    probes = (clock, AdmissionCounter(engine.scheduler))
     rows = [
-        run_mixed(engine, cap, args, seed=7_000_000 + 100_000 * i) for i, cap in enumerate(caps)
+        run_mixed(engine, probes, cap, args, seed=7_000_000 + 100_000 * i)
+        for i, cap in enumerate(caps)
     ]
     print(
         f"\nMixed load: {args.clients} clients, {args.prompt_len}-token prompts, "

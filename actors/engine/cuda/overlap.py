@@ -15,14 +15,20 @@ per request, so streaming is unchanged (bursts, ``decode_burst``, give ``k`` at 
 What it costs: a sequence that stops at step ``N`` (EOS, a stop token or string) had step
 ``N + 1`` computed in vain; that token is dropped and its KV went into a block the sequence
 owned and frees (a block not yet full, so never in the prefix cache). A sequence whose
-``max_tokens`` or the context ends at ``N`` is left out of ``N + 1``. Work that is not
-a plain decode step goes back to the synchronous path: the step in flight is applied (the
-host waits for it), and the next ``engine.step()`` call schedules as usual. That is the
-case when a request waits for admission (its prefill chunk joins the next step), when a
-running sequence was not in the step (a prefill still in chunks), when a row's logits
-need the host (penalties, logit_bias, min_tokens, logprobs, a grammar mask) or its
-blocks cannot be reserved. Greedy and plain sampled rows (temperature, top-k, top-p:
-drawn on the device from the row's position-seeded generator) both overlap.
+``max_tokens`` or the context ends at ``N`` is left out of ``N + 1``.
+
+When no decode step can follow directly — a request waits for admission, a running
+sequence was not in the step (a prefill still in chunks), a row's blocks cannot be
+reserved — the step in flight is applied alone (the host waits for it, and its deltas go
+out) and the same ``engine.step()`` call schedules at once. The scheduled step (prefill
+chunks beside the decode rows) is launched eagerly without waiting for its ids
+(``ModelRunner.launch_step``); the next call launches the decode step after it from those
+ids on the device (a row just prefilled sits its chunk's length further on) and applies
+it. So an arrival waits for the step in flight and its own prefill step, and every call
+still hands out one step's tokens. Rows whose logits need the host (penalties,
+logit_bias, min_tokens, logprobs, a grammar mask) keep the whole step synchronous.
+Greedy and plain sampled rows (temperature, top-k, top-p: drawn on the device from the
+row's position-seeded generator) both overlap.
 
 Measured on the H200 (issue 19, 8B bf16, same run against synchronous steps): a decode
 step of 5.12 / 9.30 / 22.73 ms at batch 1 / 64 / 256 became 4.60 / 6.12 / 11.91 ms, about
@@ -68,18 +74,29 @@ class PendingTokens:
         return [int(t) for t in self._host.tolist()]
 
 
-class DecodeLauncher(Protocol):
-    """What asynchronous scheduling needs of the runner (``ModelRunner.launch_decode``)."""
+class StepLauncher(Protocol):
+    """What asynchronous scheduling needs of the runner (``ModelRunner.launch_*``)."""
 
     def launch_decode(
-        self, seqs: list[Sequence], previous: PendingTokens | None, rows: list[int]
+        self,
+        seqs: list[Sequence],
+        previous: PendingTokens | None,
+        rows: list[int],
+        in_flight: list[int] | None = None,
     ) -> PendingTokens: ...
+
+    def launch_step(self, chunks: list[ScheduledChunk]) -> tuple[PendingTokens, list[int]]: ...
 
 
 @dataclass
 class InflightStep:
-    seqs: list[Sequence]  # one decode row each, in the order of the step's tokens
+    chunks: list[ScheduledChunk]  # the step as scheduled
+    sampled: list[int]  # per token of ``pending``: the index of its chunk
     pending: PendingTokens
+
+    @classmethod
+    def decode(cls, seqs: list[Sequence], pending: PendingTokens) -> InflightStep:
+        return cls([ScheduledChunk(seq, 1) for seq in seqs], list(range(len(seqs))), pending)
 
 
 def overlaps(seq: Sequence, ahead: int, max_model_len: int) -> bool:
@@ -98,60 +115,78 @@ def overlaps(seq: Sequence, ahead: int, max_model_len: int) -> bool:
 
 
 class AsyncDecodes:
-    """The decode step in flight, if any, and how the engine moves it along."""
+    """The step in flight, if any, and how the engine moves it along."""
 
     def __init__(
-        self, runner: DecodeLauncher, scheduler: Scheduler, kv: KVCacheManager, max_model_len: int
+        self,
+        runner: StepLauncher,
+        scheduler: Scheduler,
+        kv: KVCacheManager,
+        max_model_len: int,
+        mixed_steps: bool = True,
     ) -> None:
         self.runner = runner
         self.scheduler = scheduler
         self.kv = kv
         self.max_model_len = max_model_len
+        # False: steps with prefill chunks run synchronously, so the decode steps after
+        # them are scheduled (and burst: ``decode_burst``) rather than chained on the device.
+        self.mixed_steps = mixed_steps
         self.inflight: InflightStep | None = None
 
     def start(self, out: SchedulerOutput) -> bool:
-        """Launches ``out`` without waiting for it, when it is a decode step that overlaps."""
+        """Launches ``out`` without waiting for it, when every row overlaps: a decode step
+        from its CUDA graph, a step with prefill chunks eagerly (at least one must sample)."""
         if out.preempted or not out.chunks:
             return False
-        for chunk in out.chunks:
-            if not (is_decode(chunk) and chunk.samples):
-                return False
-            if not overlaps(chunk.seq, 0, self.max_model_len):
-                return False
-        seqs = [chunk.seq for chunk in out.chunks]
-        self.inflight = InflightStep(seqs, self.runner.launch_decode(seqs, None, []))
+        if not all(overlaps(chunk.seq, 0, self.max_model_len) for chunk in out.chunks):
+            return False
+        if all(is_decode(chunk) and chunk.samples for chunk in out.chunks):
+            seqs = [chunk.seq for chunk in out.chunks]
+            self.inflight = InflightStep.decode(seqs, self.runner.launch_decode(seqs, None, []))
+            return True
+        if not self.mixed_steps or not any(chunk.samples for chunk in out.chunks):
+            return False
+        pending, sampled = self.runner.launch_step(out.chunks)
+        self.inflight = InflightStep(list(out.chunks), sampled, pending)
         return True
 
     def advance(self, may_continue: bool) -> list[Sequence]:
-        """Launches the step after the one in flight (when it can), then applies the one in
-        flight; returns the sequences that received a token (as ``postprocess`` does).
+        """Launches the decode step after the one in flight (when it can), then applies the
+        one in flight; returns the sequences that received a token (as ``postprocess`` does).
 
         ``may_continue``: no request waits for admission (the engine's inbox is empty).
         """
         current = self.inflight
         assert current is not None
         self.inflight = None
-        live = [(row, seq) for row, seq in enumerate(current.seqs) if seq.status is _RUNNING]
-        # Every running sequence must be in the step (none left prefilling) to go on.
+        chunks = current.chunks
+        live = [(row, chunks[i]) for row, i in enumerate(current.sampled) if _runs(chunks[i])]
+        # Every running sequence must have sampled in the step (none left prefilling).
         if may_continue and live and len(live) == len(self.scheduler.running):
             self._launch_next(current, live)
         tokens = current.pending.tokens()
-        step = SchedulerOutput([ScheduledChunk(seq, 1) for _, seq in live])
-        return self.scheduler.postprocess(step, [tokens[row] for row, _ in live])
+        token_of: dict[int, int] = {i: tokens[row] for row, i in enumerate(current.sampled)}
+        applied = [i for i, chunk in enumerate(chunks) if _runs(chunk)]
+        step = SchedulerOutput([chunks[i] for i in applied])
+        return self.scheduler.postprocess(step, [token_of.get(i) for i in applied])
 
-    def _launch_next(self, current: InflightStep, live: list[tuple[int, Sequence]]) -> None:
-        ahead = [(row, seq) for row, seq in live if overlaps(seq, 1, self.max_model_len)]
-        # Slots for the token in flight and the next one; on a failure the scheduler runs
+    def _launch_next(self, current: InflightStep, live: list[tuple[int, ScheduledChunk]]) -> None:
+        ahead = [(row, c) for row, c in live if overlaps(c.seq, 1, self.max_model_len)]
+        # Slots for the tokens in flight and the next one; on a failure the scheduler runs
         # next (and may preempt). Blocks reserved before it stay with their sequence.
-        if not ahead or not all(self.kv.allocate(seq, 2) for _, seq in ahead):
+        if not ahead or not all(self.kv.allocate(c.seq, c.num_new_tokens + 1) for _, c in ahead):
             return
-        seqs = [seq for _, seq in ahead]
+        seqs = [c.seq for _, c in ahead]
         rows = [row for row, _ in ahead]
-        self.inflight = InflightStep(seqs, self.runner.launch_decode(seqs, current.pending, rows))
+        in_flight = [c.num_new_tokens for _, c in ahead]
+        pending = self.runner.launch_decode(seqs, current.pending, rows, in_flight)
+        self.inflight = InflightStep.decode(seqs, pending)
 
     def drop(self) -> None:
         """Forgets the step in flight (its requests are being failed)."""
         self.inflight = None
 
 
-_RUNNING = SequenceStatus.RUNNING
+def _runs(chunk: ScheduledChunk) -> bool:
+    return chunk.seq.status is SequenceStatus.RUNNING

@@ -127,8 +127,9 @@ def test_seeded_sampled_rows_draw_what_synchronous_steps_draw(tiny_llama_folder:
 
 
 def test_an_arrival_and_an_abort_in_flight(tiny_llama_folder: Path) -> None:
-    # A request arriving mid-decode makes the engine apply the step in flight and run a
-    # scheduled (mixed) step; an abort while a step is in flight drops the row's token.
+    # A request arriving mid-decode makes the engine apply the step in flight, publish it
+    # and launch the scheduled (mixed) step in the same call, which the next call applies;
+    # an abort while a step is in flight drops the row's token.
     first, second, third = prompts_of_lengths([10, 14, 6], seed=8)
     sync, overlapped = _engines(tiny_llama_folder, block_size=4)
     outputs = {}
@@ -140,21 +141,66 @@ def test_an_arrival_and_an_abort_in_flight(tiny_llama_folder: Path) -> None:
         if engine is overlapped:
             assert engine.async_decodes is not None and engine.async_decodes.inflight is not None
         c = engine.add_request(third, _greedy(8))
-        engine.step()  # the step in flight is applied, none launched after it
-        if engine is overlapped:
-            assert engine.async_decodes is not None and engine.async_decodes.inflight is None
-        engine.step()  # c's prefill runs beside a and b
+        engine.step()
+        assert len(a.token_ids) == len(b.token_ids) == 6
+        if engine is overlapped:  # the mixed step (c's prefill beside a and b) is in flight
+            assert engine.async_decodes is not None
+            inflight = engine.async_decodes.inflight
+            assert inflight is not None and len(inflight.chunks) == 3 and not c.token_ids
+        engine.step()  # overlapped: applies the mixed step, launches the decode after it
+        # c's first token: the sync engine's mixed step came a call earlier (no step was
+        # in flight to apply first).
+        assert len(a.token_ids) == len(b.token_ids) == 7
+        assert len(c.token_ids) == (1 if engine is overlapped else 2)
         engine.abort(b.request_id)
         while not (a.finished and b.finished and c.finished):
             engine.step()
         outputs[engine is overlapped] = (a.token_ids, b.token_ids, c.token_ids, b.finish_reason)
         _free_pool(engine)
 
-    # One step's tokens per call either way: the same tokens at the same calls.
+    # One step's tokens per call either way: the same tokens (b's abort at the same call).
     assert outputs[True] == outputs[False]
     a_tokens, b_tokens, c_tokens, b_reason = outputs[True]
     assert len(a_tokens) == 20 and len(c_tokens) == 8 and b_reason == "abort"
     assert 0 < len(b_tokens) < 20
+
+
+def test_mixed_steps_launched_ahead_give_the_synchronous_tokens(tiny_llama_folder: Path) -> None:
+    # Arrivals while decodes run, prompts longer than the step budget (prefilled in
+    # chunks beside the decode rows) and seeded sampled rows: the mixed steps launched
+    # without waiting, and the decode steps launched from their ids on the device, give
+    # every request the tokens that synchronous steps give it.
+    prompts = prompts_of_lengths([5, 21, 9, 4], seed=12)
+    params = [
+        _greedy(8),
+        SamplingParams(max_tokens=6, temperature=0.8, top_k=30, seed=5, ignore_eos=True),
+        _greedy(5),
+        SamplingParams(max_tokens=5, temperature=1.1, top_p=0.8, seed=6, ignore_eos=True),
+    ]
+    arrivals = [0, 0, 2, 5]  # the call before which each request is added
+    sync, overlapped = _engines(tiny_llama_folder, block_size=4, max_num_batched_tokens=12)
+    runner = overlapped.parts.runner
+    launched_mixed = []
+    launch_step = runner.launch_step  # type: ignore[attr-defined]
+    runner.launch_step = lambda chunks: launched_mixed.append(len(chunks)) or launch_step(chunks)  # type: ignore[attr-defined]
+    results = []
+    for engine in (sync, overlapped):
+        streams: list[RequestStream] = []
+        calls = 0
+        while len(streams) < len(prompts) or not all(s.finished for s in streams):
+            while len(streams) < len(prompts) and arrivals[len(streams)] <= calls:
+                i = len(streams)
+                streams.append(engine.add_request(prompts[i], params[i]))
+            engine.step()
+            calls += 1
+        results.append([s.token_ids for s in streams])
+        for stream in streams:  # one token per delta, in order
+            assert all(len(out.token_ids) <= 1 for out in stream.received)
+        _free_pool(engine)
+
+    assert results[1] == results[0]
+    assert [len(t) for t in results[0]] == [p.max_tokens for p in params]
+    assert any(n > 1 for n in launched_mixed)  # prefill chunks beside decode rows, ahead
 
 
 def test_rows_needing_host_logits_run_synchronously(tiny_llama_folder: Path) -> None:

@@ -41,7 +41,9 @@ def test_bursts_match_single_steps_and_hf(tiny_llama_folder: Path) -> None:
     prompts = prompts_of_lengths(LENGTHS, seed=3)
     params = [_greedy(9 + 2 * i) for i in range(len(prompts))]
     single = make_engine(tiny_llama_folder, block_size=4, decode_burst=1)
-    burst = make_engine(tiny_llama_folder, block_size=4, decode_burst=4)
+    # Asynchronous scheduling on, as on CUDA by default: the prefill steps then stay
+    # synchronous, so the decode steps after them are scheduled as bursts.
+    burst = make_engine(tiny_llama_folder, block_size=4, decode_burst=4, async_scheduling=True)
 
     expected = [s.token_ids for s in _run(single, prompts, params)]
     got = _run(burst, prompts, params)

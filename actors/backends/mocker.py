@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from dynask.actors.api.outputs import RequestOutput
 from dynask.actors.engine.config import EngineConfig
 from dynask.actors.engine.engine import LLMEngine
 from dynask.actors.engine.engine_parts import EngineParts
@@ -63,6 +64,11 @@ class MockerConfig:
     prefill_quadratic_ms: float = 1.25e-6  # per (uncached prompt tokens of the step)^2
     decode_ms_base: float = 5.7  # per step that decodes anything
     decode_ms_per_active_block: float = 0.01  # per KV block the decoding sequences read
+    # Times u and u² where u = the decoding sequences' blocks / num_kv_blocks (Dynamo's
+    # fit: 54.01 and -25.74). The squared term may be negative as long as the linear one
+    # outweighs it (the decode cost never falls below its base for u in [0, 1]).
+    decode_ms_per_kv_usage: float = 0.0
+    decode_ms_per_kv_usage_squared: float = 0.0
     eos_probability: float = 0.0
     vocab_size: int | None = None
     seed: int = 0
@@ -87,10 +93,18 @@ class MockerConfig:
             "prefill_quadratic_ms",
             "decode_ms_base",
             "decode_ms_per_active_block",
+            "decode_ms_per_kv_usage",
             "kv_transfer_ms_per_block",
         ):
             value = getattr(self, name)
             _check(math.isfinite(value) and value >= 0, name, value, "a finite number >= 0")
+        squared = self.decode_ms_per_kv_usage_squared
+        _check(
+            math.isfinite(squared) and self.decode_ms_per_kv_usage + min(squared, 0.0) >= 0,
+            "decode_ms_per_kv_usage_squared",
+            squared,
+            f"a finite number >= -decode_ms_per_kv_usage ({-self.decode_ms_per_kv_usage})",
+        )
         _check(
             0 <= self.eos_probability <= 1,
             "eos_probability",
@@ -146,8 +160,13 @@ def simulated_step_ms(config: MockerConfig, shape: StepShape) -> float:
         prefill += config.prefill_ms_base
     decode = 0.0
     if shape.decode_seqs:
-        decode = config.decode_ms_base + config.decode_ms_per_active_block * (
-            shape.active_decode_blocks
+        blocks = shape.active_decode_blocks
+        usage = min(1.0, blocks / config.num_kv_blocks)
+        decode = (
+            config.decode_ms_base
+            + config.decode_ms_per_active_block * blocks
+            + config.decode_ms_per_kv_usage * usage
+            + config.decode_ms_per_kv_usage_squared * usage**2
         )
     return prefill + decode
 
@@ -160,7 +179,13 @@ def sleep_seconds(config: MockerConfig, step_ms: float) -> float:
 
 
 class SimulatedRunner:
-    """A ``StepRunner`` that sleeps for the timing model and draws tokens at random."""
+    """A ``StepRunner`` that makes each step last the timing model's time and draws
+    tokens at random.
+
+    ``step_started`` is when the current step began: the end of the previous ``run``
+    while the engine is busy, or the moment ``MockerEngine.step`` found it idle. ``run``
+    sleeps only what the host work since then left of the step.
+    """
 
     def __init__(
         self,
@@ -168,23 +193,36 @@ class SimulatedRunner:
         vocab_size: int,
         eos_token_ids: tuple[int, ...],
         sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.config = config
         self.vocab_size = vocab_size
         self.eos_token_ids = tuple(sorted(set(eos_token_ids)))
         self.block_size = config.block_size
         self.simulated_ms = 0.0
+        self.step_started: float | None = None
         self._sleep = sleep
+        self._clock = clock
         self._rngs: weakref.WeakKeyDictionary[Sequence, random.Random] = weakref.WeakKeyDictionary()
 
     def run(self, chunks: list[ScheduledChunk]) -> list[int | None]:
-        """Sleeps for the step's model time; a token per chunk that ends its sequence."""
+        """Lasts the step's model time (host work included); a token per chunk that ends
+        its sequence."""
         step_ms = simulated_step_ms(self.config, StepShape.of(chunks))
         self.simulated_ms += step_ms
         seconds = sleep_seconds(self.config, step_ms)
+        tokens = [self._draw(c.seq) if c.samples else None for c in chunks]
         if seconds > 0:
-            self._sleep(seconds)
-        return [self._draw(c.seq) if c.samples else None for c in chunks]
+            started = self.step_started
+            left = seconds if started is None else seconds - (self._clock() - started)
+            if left > 0:
+                self._sleep(left)
+        self.start_step()  # the next step's host work counts from now
+        return tokens
+
+    def start_step(self) -> None:
+        """The current step began now."""
+        self.step_started = self._clock()
 
     def run_decode_burst(self, chunks: list[ScheduledChunk], steps: int) -> list[list[int]]:
         """``steps`` simulated decode steps of the same rows (each sleeps its model time)."""
@@ -236,6 +274,13 @@ class MockerEngine(LLMEngine):
         self.runner = SimulatedRunner(config, vocab_size, eos)
         parts = _mocker_parts(config, tokenizer, self.runner)
         super().__init__(_engine_config(config), parts)
+
+    def step(self) -> list[RequestOutput]:
+        """One step; one that follows idling starts its model time now (see
+        ``SimulatedRunner``), not at the end of the last busy step."""
+        if not self.scheduler.has_work():
+            self.runner.start_step()
+        return super().step()
 
     def export_kv(self, block_ids: list[int]) -> torch.Tensor:
         """Zeros of the nominal shape, after the simulated wire time of the blocks (slept

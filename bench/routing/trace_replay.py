@@ -17,7 +17,11 @@ block size (``--block-size``, default 64 = Dynamo's vLLM mocker default), 16,384
 per engine, 256 sequences and 8,192 batched tokens per step, chunked prefill and prefix
 caching; dynask's mocker is given Dynamo's own timing fit (measured on this machine, see
 ``../shared/peers/dynamo/README.md``): prefill 4.2e-7·T² + 0.0152·T + 16.5 ms per step
-of T uncached tokens, decode 5.7 ms per step plus 0.01 ms per KV block read.
+of T uncached tokens, decode 5.74 + 54.01·u − 25.74·u² ms per step at u = the decoding
+sequences' KV blocks over all blocks (Dynamo's polynomial; measured here with 1 worker:
+16 sequences of 8k tokens decode at 11.8 ms/token, u = 0.12 gives 11.96; 32 of 16k at
+23.5, u = 0.49 gives 26.2). Both mockers make a step last its model time, host work
+included.
 
 Reported per target: TTFT mean/p50/p90/p99, ITL, E2E, requests/s, the KV hit rate the
 engines report, and the trace's own reusable share (``trace.reusable_token_share``): the
@@ -85,8 +89,10 @@ def matched_timing(block_size: int) -> dict[str, Any]:
         "prefill_ms_base": 16.5,
         "prefill_ms_per_token": 0.0152,
         "prefill_quadratic_ms": 4.2e-7,
-        "decode_ms_base": 5.7,
-        "decode_ms_per_active_block": 0.01,
+        "decode_ms_base": 5.74,
+        "decode_ms_per_active_block": 0.0,
+        "decode_ms_per_kv_usage": 54.01,
+        "decode_ms_per_kv_usage_squared": -25.74,
         "speedup_ratio": 1.0,
     }
 

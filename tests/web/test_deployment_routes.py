@@ -67,7 +67,8 @@ def _create(stack: AdminStack, csrf: str, **changes: str) -> tuple[int, str]:
             {"engine_args": '{"speedup": 0}'},
             {
                 "engine_args": "engine argument 'speedup' is not known to out=mocker; known: "
-                "block_size, decode_ms_base, decode_ms_per_active_block, enable_prefix_caching, "
+                "block_size, decode_ms_base, decode_ms_per_active_block, decode_ms_per_kv_usage, "
+                "decode_ms_per_kv_usage_squared, enable_prefix_caching, "
                 "eos_probability, kv_transfer_ms_per_block, max_model_len, "
                 "max_num_batched_tokens, max_num_seqs, "
                 "num_kv_blocks, prefill_ms_base, prefill_ms_per_token, prefill_quadratic_ms, seed, "

@@ -16,6 +16,7 @@ from dynask.actors.api.streams import RequestStream
 from dynask.actors.backends.mocker import (
     MockerConfig,
     MockerEngine,
+    SimulatedRunner,
     StepShape,
     build_mocker_engine,
     simulated_step_ms,
@@ -70,6 +71,62 @@ def run_all(
 )
 def test_step_time_is_quadratic_prefill_plus_decode(shape: StepShape, expected_ms: float) -> None:
     assert simulated_step_ms(MockerConfig(**TIMING), shape) == expected_ms
+
+
+def test_decode_time_follows_the_share_of_the_cache_read() -> None:
+    config = MockerConfig(
+        num_kv_blocks=64,
+        decode_ms_base=4.0,
+        decode_ms_per_active_block=0.0,
+        decode_ms_per_kv_usage=8.0,
+        decode_ms_per_kv_usage_squared=-2.0,
+    )
+
+    quarter = StepShape(prefill_tokens=0, decode_seqs=3, active_decode_blocks=16)
+    full = StepShape(prefill_tokens=0, decode_seqs=3, active_decode_blocks=100)
+
+    assert simulated_step_ms(config, quarter) == 4.0 + 8.0 * 0.25 - 2.0 * 0.0625
+    assert simulated_step_ms(config, full) == 10.0  # usage is capped at the whole cache
+
+
+def test_a_squared_usage_term_may_not_outweigh_the_linear_one() -> None:
+    with pytest.raises(ValueError, match="'decode_ms_per_kv_usage_squared' has value -3.0; "):
+        MockerConfig(decode_ms_per_kv_usage=2.0, decode_ms_per_kv_usage_squared=-3.0)
+
+
+class FakeClock:
+    """A clock the test moves by hand; ``sleep`` moves it too and records the sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def test_a_step_lasts_its_model_time_with_the_host_work_inside_it(tokenizer: Any) -> None:
+    clock = FakeClock()
+    config = MockerConfig(num_kv_blocks=64, block_size=4, speedup_ratio=1.0, **TIMING)
+    runner = SimulatedRunner(config, 100, (), sleep=clock.sleep, clock=clock)
+    engine = mocker(tokenizer, **TIMING)
+    engine.add_request(PROMPT, PARAMS)
+    engine.step()  # a prefill first, so the next chunk is one decode row over 6 blocks
+    chunks = engine.scheduler.schedule().chunks
+
+    runner.start_step()
+    clock.now += 0.0015  # 1.5 ms of scheduling
+    runner.run(chunks)  # 4.5 ms of model time
+    clock.now += 0.010  # 10 ms of host work: more than the next step's model time
+    runner.run(chunks)
+    runner.run(chunks)  # right after the last: sleeps all of it
+
+    assert clock.sleeps == pytest.approx([0.003, 0.0045], rel=1e-9)
+    assert runner.simulated_ms == 3 * 4.5
 
 
 @pytest.mark.parametrize(

@@ -408,10 +408,7 @@ class LLMEngine:
         self._publish(outputs)
 
     def _prompt_token_ids(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, str):
-            ids = [int(t) for t in self.tokenizer.encode(prompt)]
-        else:
-            ids = [int(t) for t in prompt]
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
         return check_prompt(ids, self.max_model_len, self.parts.model_config.vocab_size)
 
     def iter_text(self, prompt: str | list[int], params: SamplingParams) -> Iterator[str]:

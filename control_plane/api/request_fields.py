@@ -255,13 +255,16 @@ def shown(value: Any) -> str:
     return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "..."
 
 
+_SCALARS = frozenset({int, float, bool, type(None)})  # JSON values that hold no string
+
+
 def check_encodable(body: Any) -> None:
     """A 400 naming the first string (key or value) that UTF-8 cannot encode: JSON may
     carry a lone surrogate (``"\\ud800"``), which no tokenizer or response can hold.
 
     Iterative (a deeply nested body cannot exhaust the stack) and lazy about paths: one is
-    formatted only for the string at fault, so a prompt of a million token ids costs one
-    type check per id."""
+    formatted only for the string at fault, and a list of numbers only (token ids) is
+    passed over by one type check in C: a 16k-id prompt cost 26 ms in the Python loop."""
     stack: list[tuple[Any, Any, Any]] = [(None, None, body)]  # (parent entry, key, value)
     while stack:
         entry = stack.pop()
@@ -275,7 +278,7 @@ def check_encodable(body: Any) -> None:
                     _not_encodable(_path(entry), key)
                 if isinstance(item, (str, dict, list)):
                     stack.append((entry, key, item))
-        elif isinstance(value, list):
+        elif isinstance(value, list) and not _SCALARS.issuperset(map(type, value)):
             for index, item in enumerate(value):
                 if isinstance(item, (str, dict, list)):
                     stack.append((entry, index, item))

@@ -70,8 +70,11 @@ def _prompts(value: Any) -> tuple[str | list[int], ...]:
 def _prompt(value: Any) -> str | list[int]:
     if isinstance(value, str) and value:
         return value
-    if isinstance(value, list) and value and all(is_int(t) for t in value):
-        return [int(t) for t in value]
+    if isinstance(value, list) and value:
+        if set(map(type, value)) == {int}:  # the usual token-id array, checked in C
+            return value
+        if all(is_int(t) for t in value):  # 5.0 is an integer too (JSON Schema)
+            return [int(t) for t in value]
     raise invalid(
         "prompt",
         "'prompt' must be a non-empty string, an array of token ids, or an array of those",

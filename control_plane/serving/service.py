@@ -195,8 +195,8 @@ class ServingService:
             return [int(t) for t in model.tokenizer.encode(request.prompt)]
         vocab = len(model.tokenizer)
         prompt = list(request.prompt or [])
-        bad = next((t for t in prompt if not 0 <= t < vocab), None)
-        if bad is not None:
+        if prompt and (min(prompt) < 0 or max(prompt) >= vocab):  # in C: prompts run long
+            bad = next(t for t in prompt if not 0 <= t < vocab)
             raise InvalidRequestError(
                 "prompt", f"token id {bad} is outside the vocabulary [0, {vocab})"
             )

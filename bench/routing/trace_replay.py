@@ -53,7 +53,7 @@ from typing import Any
 import httpx
 
 from bench.common.plots import plot
-from bench.common.processes import free_port, spawned, wait_until_ready
+from bench.common.processes import free_port, group_cpu_seconds, spawned, wait_until_ready
 from bench.common.report import code_version, machine_facts, write_json
 from bench.routing.trace import (
     PromptBuilder,
@@ -129,7 +129,8 @@ def _parse_target(text: str) -> tuple[str, str]:
 
 
 @contextmanager
-def dynask_server(args: argparse.Namespace, workdir: Path) -> Iterator[str]:
+def dynask_server(args: argparse.Namespace, workdir: Path) -> Iterator[tuple[str, list[int]]]:
+    """The server's URL and its process group (control plane and Dask workers)."""
     port = free_port()
     argv = [
         str(PYTHON),
@@ -147,7 +148,7 @@ def dynask_server(args: argparse.Namespace, workdir: Path) -> Iterator[str]:
     with spawned("dynask-server", argv, workdir, env) as server:
         base_url = f"http://127.0.0.1:{port}"
         wait_until_ready(f"{base_url}/health", '"ready"', READY_TIMEOUT_S, [server])
-        yield base_url
+        yield base_url, [server.pid]
 
 
 def dynamo_model_dir(workdir: Path) -> Path:
@@ -165,8 +166,11 @@ def dynamo_model_dir(workdir: Path) -> Path:
 
 
 @contextmanager
-def dynamo_stack(args: argparse.Namespace, mode: str, workdir: Path) -> Iterator[str]:
-    """Dynamo's frontend (``mode``) and one mocker process of ``--actors`` workers."""
+def dynamo_stack(
+    args: argparse.Namespace, mode: str, workdir: Path
+) -> Iterator[tuple[str, list[int]]]:
+    """Dynamo's frontend (``mode``) and one mocker process of ``--actors`` workers: the
+    URL and their process groups."""
     port = free_port()
     kv_dir = workdir / f"kvstore-{mode}"
     shutil.rmtree(kv_dir, ignore_errors=True)
@@ -194,7 +198,7 @@ def dynamo_stack(args: argparse.Namespace, mode: str, workdir: Path) -> Iterator
         base_url = f"http://127.0.0.1:{port}"
         wait_until_ready(f"{base_url}/v1/models", DYNAMO_MODEL, READY_TIMEOUT_S, started)
         time.sleep(5.0)  # the model is listed once one worker registered; let all of them
-        yield base_url
+        yield base_url, [process.pid for process in started]
 
 
 # ---- one run -----------------------------------------------------------------------------
@@ -212,14 +216,19 @@ async def warm_up(base_url: str, model: str, extra: dict[str, Any], count: int) 
 
 
 def run_phase(
-    base_url: str,
+    target: tuple[str, list[int]],
     model: str,
     requests: list[Any],
     args: argparse.Namespace,
     salt: int,
     extra: dict[str, Any],
 ) -> dict[str, Any]:
+    """One replay of the slice; with the serving processes' CPU seconds it took (the
+    machine is shared: a stack that needs more CPU than it gets falls behind its model
+    time, so the CPU each one spends is reported beside its latencies)."""
+    base_url, groups = target
     asyncio.run(warm_up(base_url, model, extra, args.actors))
+    cpu_before = sum(group_cpu_seconds(group) for group in groups)
     wall, results = asyncio.run(
         replay(
             base_url,
@@ -230,7 +239,9 @@ def run_phase(
             extra_body=extra,
         )
     )
-    return summarize(wall, results)
+    row = summarize(wall, results)
+    row["server_cpu_s"] = sum(group_cpu_seconds(group) for group in groups) - cpu_before
+    return row
 
 
 def run_all(args: argparse.Namespace, requests: list[Any], workdir: Path) -> list[dict[str, Any]]:
@@ -238,17 +249,17 @@ def run_all(args: argparse.Namespace, requests: list[Any], workdir: Path) -> lis
     dynask_modes = [mode for system, mode in args.target_list if system == "dynask"]
     dynamo_modes = [mode for system, mode in args.target_list if system == "dynamo"]
     if dynask_modes:
-        with dynask_server(args, workdir) as base_url:
+        with dynask_server(args, workdir) as target:
             for index, mode in enumerate(dynask_modes):
                 row = run_phase(
-                    base_url, DYNASK_MODEL, requests, args, index + 1, {"router_mode": mode}
+                    target, DYNASK_MODEL, requests, args, index + 1, {"router_mode": mode}
                 )
-                row["routing"] = routing_summary(base_url, len(requests))
+                row["routing"] = routing_summary(target[0], len(requests))
                 rows.append({"system": "dynask", "mode": mode, **row})
                 print(format_row(rows[-1]), file=sys.stderr)
     for mode in dynamo_modes:
-        with dynamo_stack(args, mode, workdir) as base_url:
-            row = run_phase(base_url, DYNAMO_MODEL, requests, args, 100, {})
+        with dynamo_stack(args, mode, workdir) as target:
+            row = run_phase(target, DYNAMO_MODEL, requests, args, 100, {})
             rows.append({"system": "dynamo", "mode": mode, **row})
             print(format_row(rows[-1]), file=sys.stderr)
     return rows
@@ -278,7 +289,7 @@ def routing_summary(base_url: str, count: int) -> dict[str, Any]:
 
 HEADER = (
     f"{'target':<20} {'ok':>4} {'req/s':>6} {'TTFT avg':>9} {'p50':>8} {'p90':>8} {'p99':>8} "
-    f"{'ITL p50':>8} {'E2E p50':>8} {'hit':>6} {'lag max':>8}"
+    f"{'ITL p50':>8} {'E2E p50':>8} {'hit':>6} {'lag max':>8} {'CPU s':>6}"
 )
 
 
@@ -293,7 +304,7 @@ def format_row(row: dict[str, Any]) -> str:
         f"{row['req_per_s'] or 0:>6.2f} {_ms(ttft['mean']):>9} {_ms(ttft['p50']):>8} "
         f"{_ms(ttft['p90']):>8} {_ms(ttft['p99']):>8} {_ms(row['itl_ms']['p50']):>8} "
         f"{_ms(row['e2e_ms']['p50']):>8} {'-' if hit is None else f'{hit:.3f}':>6} "
-        f"{_ms(row['send_lag_ms']['max']):>8}"
+        f"{_ms(row['send_lag_ms']['max']):>8} {row['server_cpu_s']:>6.1f}"
     )
 
 

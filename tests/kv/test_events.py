@@ -148,3 +148,20 @@ def test_the_listener_wakes_once_per_batch_that_reaches_an_empty_log():
     log.drain()
     log.record(AllBlocksCleared())
     assert wakes == [1, 3]
+
+
+def test_event_from_dict_rejects_a_bool_among_the_tokens():
+    wire = {"type": "stored", "block_hashes": [1], "token_ids": [1, True], "block_size": 2}
+
+    with pytest.raises(ValueError, match="field 'token_ids' has value True; expected an int"):
+        event_from_dict(wire)
+
+
+def test_event_from_dict_reads_tokens_as_a_tuple_of_the_same_ints():
+    wire = {"type": "stored", "block_hashes": [7], "token_ids": [3, 0, 5], "block_size": 3}
+
+    event = event_from_dict(wire)
+
+    assert event == BlockStored(
+        block_hashes=(7,), parent_hash=None, token_ids=(3, 0, 5), block_size=3
+    )

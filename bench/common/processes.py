@@ -93,7 +93,11 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
 
 
 def _die_with_parent() -> None:
-    """Runs in the child before exec: SIGTERM it when the benchmark process dies."""
+    """Runs in the child before exec: SIGTERM it when the benchmark process dies.
+
+    Linux sends the signal when the *thread* that started the child ends, not the whole
+    process: start children from the main thread (never from ``asyncio.to_thread``,
+    whose pool threads end with their event loop)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 

@@ -172,7 +172,9 @@ class MixedLoad:
             await asyncio.to_thread(self.cluster.kill_worker, victim["worker"])
             killed_at = time.monotonic()
             noticed_ms = await self._noticed_after_ms(victim["name"], killed_at)
-            replacement = await asyncio.to_thread(self.cluster.start_worker)
+            # On this thread: a worker started from a pool thread would get its parent-death
+            # SIGTERM when that thread ends with this phase's event loop (``spawned``).
+            replacement = self.cluster.start_worker()
             self.kills.append(
                 {
                     "at_s": round(killed_at - start, 1),

@@ -3,7 +3,8 @@
 Design decisions:
 
 - The server is a real ``dynask run out=echo`` process (one worker, the tiny model's
-  tokenizer): the echo engine answers at once, so the HTTP layer is what is fuzzed.
+  tokenizer; the session's ``echo_server``): the echo engine answers at once, so the HTTP
+  layer is what is fuzzed.
 - Every operation of the served document is exercised with schema-valid and schema-invalid
   inputs. Checks: no 5xx, the status, content type and body match what is declared, and
   every error body has OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``.
@@ -16,8 +17,6 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -46,18 +45,9 @@ from dynask.control_plane.api.engines_routes import make_engines_routes
 from dynask.control_plane.api.openapi_document import openapi_document
 from dynask.control_plane.serving.metrics import ServingMetrics
 from dynask.control_plane.serving.service import ServingService
-from tests.control_plane import server_process as sp
 
 MODEL = "tiny"
 MAX_EXAMPLES = 50
-
-
-@pytest.fixture(scope="module")
-def echo_server(tiny_llama_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    folder = tmp_path_factory.mktemp("fuzz-server")
-    args = [str(tiny_llama_folder), "out=echo", "--model-name", MODEL, "--workers", "1"]
-    with sp.dynask_run(folder, args) as (base, _):
-        yield base
 
 
 @pytest.fixture(scope="module")

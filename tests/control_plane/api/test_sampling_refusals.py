@@ -7,27 +7,17 @@ logprobs would mean nothing there, so each is a 400 naming the field and the eng
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import openai
 import pytest
 
-from tests.control_plane import server_process as sp
-
-pytestmark = pytest.mark.slow  # its own server
+pytestmark = pytest.mark.slow  # a real server
 MODEL = "tiny"
 
 
 @pytest.fixture(scope="module")
-def client(
-    tiny_llama_folder: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[openai.OpenAI]:
-    folder = tmp_path_factory.mktemp("echo-server")
-    args = [str(tiny_llama_folder), "out=echo", "--model-name", MODEL, "--workers", "1"]
-    with sp.dynask_run(folder, args) as (base, _):
-        sp.wait_for_engines(base, 1)
-        yield openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+def client(echo_server: str) -> openai.OpenAI:
+    """The session's ``dynask run out=echo``, serving ``tiny``."""
+    return openai.OpenAI(base_url=f"{echo_server}/v1", api_key="unused", max_retries=0)
 
 
 @pytest.mark.parametrize(

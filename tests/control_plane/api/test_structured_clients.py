@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -246,19 +245,13 @@ def test_forced_tool_calls_of_smollm2_validate(
         assert [name for name, _ in calls] == ["get_weather"]
 
 
-def test_an_echo_engine_refuses_structured_outputs(
-    tiny_llama_folder: Path, tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    folder = tmp_path_factory.mktemp("structured-echo")
-    args = [str(tiny_llama_folder), "out=echo", "--model-name", "tiny", "--workers", "1"]
-    with sp.dynask_run(folder, args) as (base, _):
-        sp.wait_for_engines(base, 1)
-        echo = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
-        with pytest.raises(openai.BadRequestError) as refused:
-            echo.chat.completions.create(
-                model="tiny", messages=QUESTION, response_format={"type": "json_object"}
-            )
-        assert "out=echo" in refused.value.message
-        assert refused.value.code == "structured_output_unsupported"
-        plain = echo.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=3)
-        assert plain.choices[0].message.content
+def test_an_echo_engine_refuses_structured_outputs(echo_server: str) -> None:
+    echo = openai.OpenAI(base_url=f"{echo_server}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as refused:
+        echo.chat.completions.create(
+            model="tiny", messages=QUESTION, response_format={"type": "json_object"}
+        )
+    assert "out=echo" in refused.value.message
+    assert refused.value.code == "structured_output_unsupported"
+    plain = echo.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=3)
+    assert plain.choices[0].message.content

@@ -102,12 +102,14 @@ def test_nodes_join_a_pool_and_a_front_end_serves_it(
             assert "hello pool" in (reply.choices[0].message.content or "")
             assert [m.id for m in client.models.list()] == ["chat"]
 
+            # Two more nodes at once (each a process start): one joins, one is refused.
             second = _node(tmp_path, cluster.address, "node-2")
             nodes.append(second)
+            wrong = _node(tmp_path, cluster.address, "node-3", engine="mocker")
+            nodes.append(wrong)
             _wait_for(tmp_path / "node-2.log", JOINED, second)
             assert len(_engines_become(base, 2)) == 2  # the new node got an engine
 
-            wrong = _node(tmp_path, cluster.address, "node-3", engine="mocker")
             assert wrong.wait(timeout=120) == 2
             assert "pool 'chat' serves bundled:SmolLM2-135M-Instruct with engine echo" in (
                 (tmp_path / "node-3.log").read_text()

@@ -85,7 +85,7 @@ def _one_router() -> list[RoutingDecision]:
     ]
 
 
-@pytest.mark.slow  # a cluster, three actors and two control planes: ~10 s on a loaded 2-core box
+@pytest.mark.slow  # 30–45 s alone on this loaded 2-core machine, most of it starting 3 engines
 def test_two_control_planes_on_the_same_actors_decide_as_one(smollm2_folder: Path) -> None:
     async def main() -> None:
         async with (

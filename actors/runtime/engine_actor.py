@@ -31,9 +31,11 @@ from dynask.actors.runtime.engine_factory import EngineSpec, build_engine
 from dynask.actors.runtime.kv_transfer_actor import KVTransferMethods
 from dynask.actors.runtime.malloc_tuning import keep_tensor_memory
 from dynask.actors.runtime.token_stream import (
+    Submission,
     TokenStreamServer,
     pack_kv_dump,
-    read_owned_request,
+    read_submission,
+    routed_record,
     unpack_requests,
 )
 from dynask.actors.runtime.tracing import EngineSpans, worker_tracer
@@ -107,7 +109,8 @@ class EngineActor(KVTransferMethods):
 
         Bad input raises ``ValueError`` (re-raised at the caller with its message).
         """
-        (request_id, prompt, params, traceparent), owner = read_owned_request(packed)
+        submission = read_submission(packed)
+        request_id, prompt, params, traceparent = submission.request
         self._traced(request_id, traceparent, len(prompt))
         try:
             self._running().add_request(prompt, SamplingParams(**params), request_id)
@@ -115,7 +118,8 @@ class EngineActor(KVTransferMethods):
             if self._spans is not None:
                 self._spans.forget(request_id)
             raise
-        self._opened(request_id, owner)
+        self._opened(request_id, submission.owner)
+        self._publish_routed([submission])
 
     async def submit_batch(self, payload: bytes) -> list[str | None]:
         """Queues several requests (``token_stream.pack_requests``) in one call.
@@ -125,10 +129,12 @@ class EngineActor(KVTransferMethods):
         """
         engine = self._running()
         errors: list[str | None] = []
+        queued = []
         for packed in unpack_requests(payload):
             request_id = None
             try:
-                (request_id, prompt, params, traceparent), owner = read_owned_request(packed)
+                submission = read_submission(packed)
+                request_id, prompt, params, traceparent = submission.request
                 self._traced(request_id, traceparent, len(prompt))
                 engine.add_request(prompt, SamplingParams(**params), request_id)
             except (ValueError, TypeError) as exc:
@@ -136,8 +142,10 @@ class EngineActor(KVTransferMethods):
                     self._spans.forget(request_id)
                 errors.append(str(exc) or type(exc).__name__)
             else:
-                self._opened(request_id, owner)
+                self._opened(request_id, submission.owner)
+                queued.append(submission)
                 errors.append(None)
+        self._publish_routed(queued)
         return errors
 
     def _traced(self, request_id: str, traceparent: str | None, prompt_tokens: int) -> None:
@@ -148,6 +156,14 @@ class EngineActor(KVTransferMethods):
         self._open.add(request_id)
         if owner is not None:
             self._owners[request_id] = owner
+
+    def _publish_routed(self, queued: list[Submission]) -> None:
+        """Tells every reader what the routers of these queued requests noted, so other
+        control planes count them (``token_stream``'s ``"routed"``). Called on the loop
+        before any of their deltas can be written: those hop here from the engine thread."""
+        records = [record for s in queued if (record := routed_record(s)) is not None]
+        if self._stream is not None:
+            self._stream.publish_routed(records)
 
     def _forget_finished(self, outputs: list[RequestOutput]) -> None:
         """Engine thread: finished requests leave ``_open`` (set and dict operations hold

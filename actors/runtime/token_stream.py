@@ -23,6 +23,15 @@ reader's connection ends (its control plane was killed), the actor aborts exactl
 requests it owned and frees their blocks at once, while the requests of other readers
 (a second control plane in front of the same actors) go on. Requests without an owner
 are aborted when the last reader leaves.
+
+Kind ``"routed"`` lets control planes in front of the same actors see each other's
+routings (router replicas): a request may carry its router's note (``pack_request(routed=
+...)``: what that router assumed, opaque here), and when the actor has queued it, every
+reader gets ``{"i": request id, "o": owner, "n": prompt tokens, "r": note}`` in one frame
+per submission call, written on the actor's loop before any delta of the request can
+be. The request's first delta (its prefill is over) and its final one (it ended, an
+abort included) are the ``"out"`` frames every reader already gets: nothing more is
+sent per token. With one reader (its owner) nothing is sent at all.
 """
 
 from __future__ import annotations
@@ -48,6 +57,7 @@ MAX_FRAME_BYTES = 64 * 2**20
 KIND_OUTPUTS = "out"
 KIND_KV_EVENTS = "kv"
 KIND_HELLO = "hello"
+KIND_ROUTED = "routed"
 
 
 def encode_frame(kind: str, payload: Any) -> bytes:
@@ -70,10 +80,12 @@ def pack_request(
     params: dict[str, Any],
     traceparent: str | None = None,
     owner: str | None = None,
+    routed: dict[str, Any] | None = None,
 ) -> bytes:
     """One request as bytes for the ``submit`` actor call; ``traceparent`` (W3C) makes the
     actor's spans join the request's trace (``actors.runtime.tracing``); ``owner`` names
-    the reader whose departure aborts it (see the module docstring).
+    the reader whose departure aborts it; ``routed`` is the router's note the actor
+    passes on to the other readers (see the module docstring).
 
     Dask pickles (and tries to compress) structured arguments: measured here, an actor call
     carrying a 200-int list and a dict cost 6.5 ms of caller CPU; the same call carrying
@@ -84,6 +96,8 @@ def pack_request(
         message["t"] = traceparent
     if owner is not None:
         message["o"] = owner  # the reader whose departure aborts it
+    if routed is not None:
+        message["r"] = routed
     body: bytes = msgpack.packb(message, use_bin_type=True)
     return body
 
@@ -110,12 +124,20 @@ class SubmittedRequest(NamedTuple):
     traceparent: str | None
 
 
+class Submission(NamedTuple):
+    """A ``pack_request`` result read back by the actor, with who sent it and why there."""
+
+    request: SubmittedRequest
+    owner: str | None  # the reader named in ``pack_request``
+    routed: dict[str, Any] | None  # its router's note, for the other readers
+
+
 def read_request(packed: bytes) -> SubmittedRequest:
-    return read_owned_request(packed)[0]
+    return read_submission(packed).request
 
 
-def read_owned_request(packed: bytes) -> tuple[SubmittedRequest, str | None]:
-    """``read_request`` and the request's owner (the reader named in ``pack_request``)."""
+def read_submission(packed: bytes) -> Submission:
+    """``read_request``, the request's owner and its router's note."""
     message = msgpack.unpackb(packed, raw=False)
     prompt = array("I")
     prompt.frombytes(message["p"])
@@ -123,7 +145,23 @@ def read_owned_request(packed: bytes) -> tuple[SubmittedRequest, str | None]:
     submitted = SubmittedRequest(
         str(message["i"]), prompt.tolist(), dict(message["s"]), message.get("t")
     )
-    return submitted, str(owner) if owner else None
+    routed = message.get("r")
+    return Submission(
+        submitted, str(owner) if owner else None, routed if isinstance(routed, dict) else None
+    )
+
+
+def routed_record(submission: Submission) -> dict[str, Any] | None:
+    """What the other readers hear of a queued request (None: its router left no note)."""
+    if submission.routed is None:
+        return None
+    request = submission.request
+    return {
+        "i": request.request_id,
+        "o": submission.owner,
+        "n": len(request.prompt),
+        "r": submission.routed,
+    }
 
 
 def unpack_request(packed: bytes) -> tuple[str, list[int], dict[str, Any]]:
@@ -228,6 +266,12 @@ class TokenStreamServer:
         """Engine-thread entry point: one frame for the whole step."""
         frame = encode_frame(KIND_OUTPUTS, [encode_output(o) for o in outputs])
         self._loop.call_soon_threadsafe(self._write, frame)
+
+    def publish_routed(self, records: list[dict[str, Any]]) -> None:
+        """Event-loop entry point: one ``"routed"`` frame for the requests one submission
+        call queued (``routed_record``), when a reader other than their owner may hear it."""
+        if records and len(self._writers) > 1:
+            self._write(encode_frame(KIND_ROUTED, records))
 
     def watch_kv_events(self, kv_log: KVEventLog) -> None:
         """Pushes ``kv_log``'s records to every reader, a frame per batch (see the module

@@ -8,6 +8,13 @@ the OpenAI API; only the placement differs from ``ClusterRuntime`` (which puts o
 actor on each worker). The HTTP server starts once every actor is connected and its
 prefix index synced, so ``/health`` answering 200 means all actors are ready.
 
+Router replicas: each ``--port`` given after the first starts one more control plane in
+front of the same actors (its own handles, routing and HTTP server), and each
+``--unsynced-port`` one with ``--no-router-replica-sync``, so ``trace_replay.py`` can
+compare one control plane with two that share their routings and two that do not, on
+the same actors. They share this process's event loop: on a 2-core machine two processes
+would compete for the same cores anyway.
+
     .venv/bin/python -m bench.routing.server --engine mocker --actors 32 --workers 4 \\
         --engine-args '{"speedup_ratio": 1.0}' --port 8123
 """
@@ -42,11 +49,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--engine-args", default="{}", help="JSON object of engine arguments")
     parser.add_argument("--actors", type=int, default=4)
     parser.add_argument("--workers", type=int, default=4, help="Dask worker processes")
-    parser.add_argument("--port", type=int, default=8123)
+    parser.add_argument(
+        "--port", type=int, action="append", help="one control plane per port (default 8123)"
+    )
+    parser.add_argument(
+        "--unsynced-port", type=int, action="append", default=[], help="--no-router-replica-sync"
+    )
     parser.add_argument("--router-mode", default="kv", help="the default; requests override it")
     parser.add_argument("--kv-overlap-weight", type=float, default=None, help="w of the kv cost")
     parser.add_argument("--kv-decode-weight", type=float, default=None, help="decode block cost")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.port = args.port or [8123]
+    return args
 
 
 async def start_actor(client: Client, spec: EngineSpec, name: str, worker: str) -> ActorHandle:
@@ -107,27 +121,51 @@ async def serve(args: argparse.Namespace) -> None:
             )
             if value is not None  # None: the product's default
         }
-        routing = RoutingOptions(mode=args.router_mode, **weights)
-        service = ServingService(ServingMetrics(), routing)
-        for handle in handles:
-            service.add_actor(MODEL, handle)
-        await service.models[MODEL].routing.wait_synced()
-        print(f"{len(handles)} actors on {len(workers)} workers ready", file=sys.stderr)
-        config = uvicorn.Config(
-            build_app(service),
-            host="127.0.0.1",
-            port=args.port,
-            log_level="warning",
-            timeout_keep_alive=75,
+        planes = [(port, True) for port in args.port] + [(p, False) for p in args.unsynced_port]
+        services, every_handle = [], []
+        for number, (_, synced) in enumerate(planes):
+            own = handles if number == 0 else [await _reconnect(h) for h in handles]
+            every_handle += own
+            routing = RoutingOptions(mode=args.router_mode, replica_sync=synced, **weights)
+            service = ServingService(ServingMetrics(), routing)
+            for handle in own:
+                service.add_actor(MODEL, handle)
+            await service.models[MODEL].routing.wait_synced()
+            services.append(service)
+        print(
+            f"{len(handles)} actors on {len(workers)} workers ready, "
+            f"{len(planes)} control plane(s)",
+            file=sys.stderr,
         )
+        servers = [
+            uvicorn.Server(
+                uvicorn.Config(
+                    build_app(service),
+                    host="127.0.0.1",
+                    port=port,
+                    log_level="warning",
+                    timeout_keep_alive=75,
+                )
+            )
+            for service, (port, _) in zip(services, planes, strict=True)
+        ]
+        # Until SIGTERM / SIGINT: the last server started catches it, stops, and raises it
+        # again for the handler it replaced (the previous server's), and so on.
         try:
-            await uvicorn.Server(config).serve()  # until SIGTERM / SIGINT
+            await asyncio.gather(*(server.serve() for server in servers))
         finally:
-            await _stop(handles)
+            await _stop(handles, every_handle)
 
 
-async def _stop(handles: list[ActorHandle]) -> None:
-    for handle in handles:
+async def _reconnect(handle: ActorHandle) -> ActorHandle:
+    """Another control plane's handle of the same actor: its own stream connection."""
+    other = ActorHandle(name=handle.name, deployment=MODEL, proxy=handle.proxy, info=handle.info)
+    await other.connect()
+    return other
+
+
+async def _stop(handles: list[ActorHandle], every_handle: list[ActorHandle]) -> None:
+    for handle in every_handle:
         await handle.close()
     results: list[Any] = await asyncio.gather(
         *(asyncio.wait_for(h.proxy.stop(), 10) for h in handles), return_exceptions=True

@@ -12,6 +12,10 @@ Design decisions:
   the trace's output length with EOS ignored, streaming with usage in the last chunk.
   The KV hit rate is the engines' own count: ``usage.prompt_tokens_details.cached_tokens``
   over ``usage.prompt_tokens``, summed over the slice (None when the server reports none).
+- Several endpoints (router replicas behind no load balancer): request ``i`` goes to
+  endpoint ``i mod n``, round robin in trace order, so consecutive turns of one
+  conversation land on different control planes: the case where they must share what
+  they routed.
 - Times are client-side (``bench.common.load.stream_completion``): TTFT from sending to the
   first chunk with a token, ITL between chunks, E2E from sending to ``[DONE]``.
 """
@@ -19,6 +23,7 @@ Design decisions:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -73,7 +78,7 @@ def request_body(
 
 
 async def replay(
-    base_url: str,
+    base_urls: str | Sequence[str],
     model: str,
     requests: Sequence[TraceRequest],
     *,
@@ -81,21 +86,31 @@ async def replay(
     builder: PromptBuilder,
     extra_body: dict[str, Any] | None = None,
 ) -> tuple[float, list[ReplayResult]]:
-    """Sends every request at its (scaled) arrival time; (wall seconds, results in order)."""
+    """Sends every request at its (scaled) arrival time, to ``base_urls`` in turn; (wall
+    seconds, results in order)."""
+    urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
+    if not urls:
+        raise ValueError("replay needs at least one endpoint")
     offsets = arrival_offsets(requests, speedup)
     bodies = [
         request_body(model, builder.prompt(r), r, extra_body or {}) for r in requests
     ]  # built before the clock starts: prompt building is not the server's time
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
     timeout = httpx.Timeout(REQUEST_TIMEOUT_S, connect=30.0)
-    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=timeout) as client:
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [
+            await stack.enter_async_context(
+                httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout)
+            )
+            for url in urls
+        ]
         start = time.perf_counter()
 
         async def one(index: int) -> ReplayResult:
             due = offsets[index]
             await asyncio.sleep(max(0.0, start + due - time.perf_counter()))
             lag = time.perf_counter() - start - due
-            record = await stream_completion(client, bodies[index])
+            record = await stream_completion(clients[index % len(clients)], bodies[index])
             return ReplayResult(requests[index], due, lag, record)
 
         results = await asyncio.gather(*(one(i) for i in range(len(requests))))

@@ -7,6 +7,13 @@ The same slice of the trace (``--slice``), at the trace's own arrival times scal
   ``bench.routing.server`` process, ``--actors`` mocker actors on ``--workers`` Dask
   worker processes, the mode chosen per request (``router_mode``). Each dynask phase gets
   its own prompt tokens (``PromptBuilder(salt)``), so none hits another's cache.
+* ``dynask-2cp:MODE`` and ``dynask-2cp-unsynced:MODE``: router replicas, two control
+  planes of that server process in front of the same actors, the slice's requests sent
+  to them in turn (``trace_client.replay``); the first pair shares what it routes
+  (``--router-replica-sync``), the second does not. ``dynask:MODE`` uses the first of
+  the pair alone, so the three compare one control plane with two on the same actors.
+* ``endpoints:MODE``: ``--endpoints URL1,URL2`` of servers already running (two
+  ``dynask serve`` processes in front of the same actors), in turn, model ``--model``.
 * ``dynamo:MODE`` (kv, approximate = kv with ``--no-router-kv-events``, round-robin,
   random): Dynamo 1.6.1's frontend with that ``--router-mode`` and one mocker process
   with ``--num-workers`` = ``--actors``, from the peer install (``../shared/peers/dynamo``),
@@ -29,6 +36,8 @@ hit rate an infinite cache would reach. Ratios are against Dynamo's kv on the sa
 
     .venv/bin/python -m bench.routing.trace_replay --slice 3000:3200 --speedup 8
     .venv/bin/python -m bench.routing.trace_replay --targets dynask:kv,dynamo:kv --slice 0:50
+    .venv/bin/python -m bench.routing.trace_replay --slice 3600:3750 --speedup 2 \\
+        --targets dynask:kv,dynask-2cp:kv,dynask-2cp-unsynced:kv
 
 Prints a table; writes JSON and a PNG to ``bench/results/trace_replay.json`` (``--out``).
 """
@@ -76,6 +85,17 @@ DYNAMO_MODEL = "smollm2"
 READY_TIMEOUT_S = 600.0
 DYNASK_MODES = ("kv", "approximate", "round-robin", "random", "least-loaded")
 DYNAMO_MODES = ("kv", "approximate", "round-robin", "random")
+# dynask systems: which of the server's control planes a phase sends to (see the docstring)
+DYNASK_PLANES = {
+    "dynask": ("synced", 1),
+    "dynask-2cp": ("synced", 2),
+    "dynask-2cp-unsynced": ("unsynced", 2),
+}
+SYSTEMS = {
+    **dict.fromkeys(DYNASK_PLANES, DYNASK_MODES),
+    "dynamo": DYNAMO_MODES,
+    "endpoints": DYNASK_MODES,
+}
 DEFAULT_TARGETS = "dynask:kv,dynask:approximate,dynask:round-robin,dynamo:kv,dynamo:round-robin"
 
 
@@ -108,19 +128,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--block-size", type=int, default=64, help="KV block tokens, both sides")
     parser.add_argument("--kv-overlap-weight", help="dynask's w (default: the product's)")
     parser.add_argument("--kv-decode-weight", help="dynask's decode weight (default: product's)")
+    parser.add_argument("--endpoints", default="", help="URL1,URL2: running servers (endpoints:)")
+    parser.add_argument("--model", default=DYNASK_MODEL, help="the model name at --endpoints")
     parser.add_argument("--out", type=Path, default=RESULTS / "trace_replay.json")
     args = parser.parse_args(argv)
+    args.endpoint_list = [url.rstrip("/") for url in args.endpoints.split(",") if url]
     args.target_list = [_parse_target(t) for t in args.targets.split(",") if t]
     return args
 
 
 def _parse_target(text: str) -> tuple[str, str]:
     system, _, mode = text.partition(":")
-    modes = {"dynask": DYNASK_MODES, "dynamo": DYNAMO_MODES}.get(system)
+    modes = SYSTEMS.get(system)
     if modes is None or mode not in modes:
         raise SystemExit(
-            f"--targets entry {text!r}: expected dynask:{{{','.join(DYNASK_MODES)}}} or "
-            f"dynamo:{{{','.join(DYNAMO_MODES)}}}"
+            f"--targets entry {text!r}: expected SYSTEM:MODE, SYSTEM one of "
+            f"{', '.join(SYSTEMS)}; dynamo's modes {', '.join(DYNAMO_MODES)}, the others' "
+            f"{', '.join(DYNASK_MODES)}"
         )
     return system, mode
 
@@ -129,15 +153,28 @@ def _parse_target(text: str) -> tuple[str, str]:
 
 
 @contextmanager
-def dynask_server(args: argparse.Namespace, workdir: Path) -> Iterator[tuple[str, list[int]]]:
-    """The server's URL and its process group (control plane and Dask workers)."""
-    port = free_port()
+def dynask_server(
+    args: argparse.Namespace, workdir: Path
+) -> Iterator[tuple[dict[str, list[str]], list[int]]]:
+    """One ``bench.routing.server`` with the control planes the dynask targets need: their
+    base URLs, ``{"synced": [...], "unsynced": [...]}`` (the first synced one always), and
+    its process group (control planes and Dask workers)."""
+    wanted = {"synced": 1, "unsynced": 0}
+    for system, _ in args.target_list:
+        if system in DYNASK_PLANES:
+            kind, count = DYNASK_PLANES[system]
+            wanted[kind] = max(wanted[kind], count)
+    ports = {kind: [free_port() for _ in range(count)] for kind, count in wanted.items()}
     argv = [
         str(PYTHON),
         *("-m", "bench.routing.server", "--engine", "mocker"),
         *("--engine-args", json.dumps(matched_timing(args.block_size))),
-        *("--actors", str(args.actors), "--workers", str(args.workers), "--port", str(port)),
+        *("--actors", str(args.actors), "--workers", str(args.workers)),
     ]
+    for port in ports["synced"]:
+        argv += ["--port", str(port)]
+    for port in ports["unsynced"]:
+        argv += ["--unsynced-port", str(port)]
     for flag_name, value in (
         ("--kv-overlap-weight", args.kv_overlap_weight),
         ("--kv-decode-weight", args.kv_decode_weight),
@@ -146,9 +183,10 @@ def dynask_server(args: argparse.Namespace, workdir: Path) -> Iterator[tuple[str
             argv += [flag_name, value]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with spawned("dynask-server", argv, workdir, env) as server:
-        base_url = f"http://127.0.0.1:{port}"
-        wait_until_ready(f"{base_url}/health", '"ready"', READY_TIMEOUT_S, [server])
-        yield base_url, [server.pid]
+        urls = {kind: [f"http://127.0.0.1:{p}" for p in group] for kind, group in ports.items()}
+        for url in urls["synced"] + urls["unsynced"]:
+            wait_until_ready(f"{url}/health", '"ready"', READY_TIMEOUT_S, [server])
+        yield urls, [server.pid]
 
 
 def dynamo_model_dir(workdir: Path) -> Path:
@@ -204,34 +242,37 @@ def dynamo_stack(
 # ---- one run -----------------------------------------------------------------------------
 
 
-async def warm_up(base_url: str, model: str, extra: dict[str, Any], count: int) -> None:
-    """Short requests of their own tokens, so first-call costs stay out of the phase."""
-    warm = [TraceRequest(i * 10.0, 300, 2, (10_000_000 + i,)) for i in range(count)]
-    _, results = await replay(
-        base_url, model, warm, speedup=1.0, builder=PromptBuilder(salt=-1), extra_body=extra
-    )
-    failed = [r.record.failure(2) for r in results if not r.ok]
-    if failed:
-        raise RuntimeError(f"warm-up against {base_url} failed: {failed[0]}")
+async def warm_up(base_urls: list[str], model: str, extra: dict[str, Any], count: int) -> None:
+    """Short requests of their own tokens to each endpoint, so first-call costs stay out
+    of the phase."""
+    for url in base_urls:
+        warm = [TraceRequest(i * 10.0, 300, 2, (10_000_000 + i,)) for i in range(count)]
+        _, results = await replay(
+            url, model, warm, speedup=1.0, builder=PromptBuilder(salt=-1), extra_body=extra
+        )
+        failed = [r.record.failure(2) for r in results if not r.ok]
+        if failed:
+            raise RuntimeError(f"warm-up against {url} failed: {failed[0]}")
 
 
 def run_phase(
-    target: tuple[str, list[int]],
+    base_urls: list[str],
+    groups: list[int],
     model: str,
     requests: list[Any],
     args: argparse.Namespace,
     salt: int,
     extra: dict[str, Any],
 ) -> dict[str, Any]:
-    """One replay of the slice; with the serving processes' CPU seconds it took (the
-    machine is shared: a stack that needs more CPU than it gets falls behind its model
-    time, so the CPU each one spends is reported beside its latencies)."""
-    base_url, groups = target
-    asyncio.run(warm_up(base_url, model, extra, args.actors))
+    """One replay of the slice, sent to ``base_urls`` in turn; with the serving processes'
+    CPU seconds it took (the machine is shared: a stack that needs more CPU than it gets
+    falls behind its model time, so the CPU each one spends is reported beside its
+    latencies)."""
+    asyncio.run(warm_up(base_urls, model, extra, args.actors))
     cpu_before = sum(group_cpu_seconds(group) for group in groups)
     wall, results = asyncio.run(
         replay(
-            base_url,
+            base_urls,
             model,
             requests,
             speedup=args.speedup,
@@ -244,33 +285,62 @@ def run_phase(
     return row
 
 
+def run_dynask(
+    args: argparse.Namespace,
+    requests: list[Any],
+    server: tuple[dict[str, list[str]], list[int]],
+    targets: list[tuple[str, str]],
+    rows: list[dict[str, Any]],
+) -> None:
+    """The dynask and endpoints targets, in order, each with its own tokens (salt); the
+    server's URLs and process group (none for endpoints)."""
+    urls, groups = server
+    for index, (system, mode) in enumerate(targets):
+        if system == "endpoints":
+            base_urls, model = args.endpoint_list, args.model
+        else:
+            kind, count = DYNASK_PLANES[system]
+            base_urls, model = urls[kind][:count], DYNASK_MODEL
+        lag_before = [peer_lag(url, model) for url in base_urls]
+        extra = {"router_mode": mode}
+        row = run_phase(base_urls, groups, model, requests, args, index + 1, extra)
+        row["routing"] = routing_summary(base_urls, len(requests))
+        row["peer_lag"] = lag_summary(lag_before, [peer_lag(url, model) for url in base_urls])
+        row["endpoints"] = len(base_urls)
+        rows.append({"system": system, "mode": mode, **row})
+        print(format_row(rows[-1]), file=sys.stderr)
+
+
 def run_all(args: argparse.Namespace, requests: list[Any], workdir: Path) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    dynask_modes = [mode for system, mode in args.target_list if system == "dynask"]
+    dynask_targets = [(s, m) for s, m in args.target_list if s in DYNASK_PLANES]
+    external = [(s, m) for s, m in args.target_list if s == "endpoints"]
     dynamo_modes = [mode for system, mode in args.target_list if system == "dynamo"]
-    if dynask_modes:
-        with dynask_server(args, workdir) as target:
-            for index, mode in enumerate(dynask_modes):
-                row = run_phase(
-                    target, DYNASK_MODEL, requests, args, index + 1, {"router_mode": mode}
-                )
-                row["routing"] = routing_summary(target[0], len(requests))
-                rows.append({"system": "dynask", "mode": mode, **row})
-                print(format_row(rows[-1]), file=sys.stderr)
+    if external and not args.endpoint_list:
+        raise SystemExit("endpoints: targets need --endpoints URL1,URL2")
+    if external:
+        run_dynask(args, requests, ({}, []), external, rows)
+    if dynask_targets:
+        with dynask_server(args, workdir) as server:
+            run_dynask(args, requests, server, dynask_targets, rows)
     for mode in dynamo_modes:
-        with dynamo_stack(args, mode, workdir) as target:
-            row = run_phase(target, DYNAMO_MODEL, requests, args, 100, {})
+        with dynamo_stack(args, mode, workdir) as (base_url, groups):
+            row = run_phase([base_url], groups, DYNAMO_MODEL, requests, args, 100, {})
             rows.append({"system": "dynamo", "mode": mode, **row})
             print(format_row(rows[-1]), file=sys.stderr)
     return rows
 
 
-def routing_summary(base_url: str, count: int) -> dict[str, Any]:
-    """From dynask's decision log: requests per actor, and the winners' mean overlap."""
-    response = httpx.get(f"{base_url}/v1/routing/decisions", params={"limit": count}, timeout=30.0)
-    response.raise_for_status()
-    body = response.json()
-    decisions = body["data"] if isinstance(body, dict) else body
+def routing_summary(base_urls: list[str], count: int) -> dict[str, Any]:
+    """From dynask's decision logs (each endpoint's share of the ``count`` requests, sent
+    round robin): requests per actor, and the winners' mean overlap."""
+    decisions = []
+    for number, url in enumerate(base_urls):
+        share = len(range(number, count, len(base_urls)))
+        response = httpx.get(f"{url}/v1/routing/decisions", params={"limit": share}, timeout=30.0)
+        response.raise_for_status()
+        body = response.json()
+        decisions += body["data"] if isinstance(body, dict) else body
     winners: dict[str, int] = {}
     overlap = prompt = 0
     for decision in decisions:
@@ -285,10 +355,44 @@ def routing_summary(base_url: str, count: int) -> dict[str, Any]:
     }
 
 
+def peer_lag(base_url: str, model: str) -> dict[str, float]:
+    """``dynask_routing_peer_lag_seconds`` of one control plane: its buckets, sum, count."""
+    text = httpx.get(f"{base_url}/metrics", timeout=30.0).text
+    series: dict[str, float] = {}
+    prefix = "dynask_routing_peer_lag_seconds_"
+    for line in text.splitlines():
+        if line.startswith(prefix) and f'model="{model}"' in line:
+            name, value = line.rsplit(" ", 1)
+            kind = name.removeprefix(prefix).split("{")[0]  # bucket, count, sum, created
+            if kind == "bucket":
+                kind = "le " + name.split('le="')[1].split('"')[0]
+            series[kind] = float(value)
+    return series
+
+
+def lag_summary(before: list[dict[str, float]], after: list[dict[str, float]]) -> dict[str, Any]:
+    """How late the peers' routings reached the control planes during the phase: how many,
+    the mean, and the smallest bucket bound that held 99% of them (ms)."""
+    delta: dict[str, float] = {}
+    for old, new in zip(before, after, strict=True):
+        for key, value in new.items():
+            delta[key] = delta.get(key, 0.0) + value - old.get(key, 0.0)
+    count = delta.get("count", 0.0)
+    if not count:
+        return {"count": 0, "mean_ms": None, "p99_bound_ms": None}
+    bounds = sorted(
+        (float(key.removeprefix("le ")), held)
+        for key, held in delta.items()
+        if key.startswith("le ") and key != "le +Inf"
+    )
+    p99 = next((bound * 1000 for bound, held in bounds if held >= 0.99 * count), None)
+    return {"count": int(count), "mean_ms": delta["sum"] / count * 1000, "p99_bound_ms": p99}
+
+
 # ---- report --------------------------------------------------------------------------------
 
 HEADER = (
-    f"{'target':<20} {'ok':>4} {'req/s':>6} {'TTFT avg':>9} {'p50':>8} {'p90':>8} {'p99':>8} "
+    f"{'target':<28} {'ok':>4} {'req/s':>6} {'TTFT avg':>9} {'p50':>8} {'p90':>8} {'p99':>8} "
     f"{'ITL p50':>8} {'E2E p50':>8} {'hit':>6} {'lag max':>8} {'CPU s':>6}"
 )
 
@@ -300,7 +404,7 @@ def _ms(value: float | None) -> str:
 def format_row(row: dict[str, Any]) -> str:
     ttft, hit = row["ttft_ms"], row["kv_hit_rate"]
     return (
-        f"{row['system'] + ':' + row['mode']:<20} {row['requests_ok']:>4} "
+        f"{row['system'] + ':' + row['mode']:<28} {row['requests_ok']:>4} "
         f"{row['req_per_s'] or 0:>6.2f} {_ms(ttft['mean']):>9} {_ms(ttft['p50']):>8} "
         f"{_ms(ttft['p90']):>8} {_ms(ttft['p99']):>8} {_ms(row['itl_ms']['p50']):>8} "
         f"{_ms(row['e2e_ms']['p50']):>8} {'-' if hit is None else f'{hit:.3f}':>6} "

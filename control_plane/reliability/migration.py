@@ -137,6 +137,7 @@ class RequestMigration:
                 prepared.params,
                 submit,
                 traceparent_of(span),
+                placement.route.note,
             ),
         )
         try:

@@ -24,6 +24,11 @@ Design decisions:
   when there is none). An actor with another block size is still served, but its blocks
   never match the prompt's hashes: its overlap is 0. The index under-reports then; it
   never misleads. (A model's deployments normally share one engine configuration.)
+- Router replicas (``--router-replica-sync``, on by default): each routed request carries
+  a ``RoutingNote`` to its actor, which passes it on to every other control plane
+  reading that actor (``peer_routings``). Here a peer's note is noted in ``predicted`` or
+  the ``ApproxIndex`` exactly as its own router noted it, and its load counts in the
+  candidate's (``ActorHandle.peer_load``): two control planes score as one would.
 - One ``KVRouter`` per mode, made on first use: round-robin keeps its turn, and requests
   that override the mode do not disturb the default's state. All of them record into
   the model's ``DecisionLog``.
@@ -34,8 +39,10 @@ Design decisions:
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -53,6 +60,7 @@ from dynask.control_plane.routing.kv_router import (
     RouterConfig,
     RoutingDecision,
 )
+from dynask.control_plane.routing.peer_routings import PeerRouting, RoutingNote
 from dynask.control_plane.serving.actor_handle import ActorHandle
 from dynask.control_plane.serving.actor_load import DEFAULT_BLOCK_SIZE
 from dynask.control_plane.serving.metrics import ServingMetrics
@@ -124,6 +132,13 @@ class RoutingOptions:
         "confirm it (0: off; default {default})",
         type=non_negative_float,
     )
+    replica_sync: bool = flag(
+        "--router-replica-sync",
+        True,
+        "share each routing with the other control planes in front of the same engines, "
+        "through the engines' streams (default on)",
+        action=argparse.BooleanOptionalAction,
+    )
     seed: int | None = None
     log_size: int = DEFAULT_LOG_SIZE
 
@@ -164,6 +179,7 @@ class Route:
     actor: ActorHandle
     decision: RoutingDecision
     expected_cached_tokens: int  # the winner's overlap, in tokens
+    note: RoutingNote | None = None  # for the other control planes (``--router-replica-sync``)
 
 
 class ModelRouting:
@@ -185,6 +201,7 @@ class ModelRouting:
         self.block_size: int | None = None  # set by the first event-reporting actor
         self._metrics = metrics
         self._decision_seconds = metrics.routing_seconds.labels(model)  # resolved once
+        self._peer_lag_seconds = metrics.routing_peer_lag_seconds.labels(model)
         metrics.init_model(model, ROUTING_MODES)
         self._thresholds = options.thresholds
         self._routers: dict[str, KVRouter] = {}
@@ -196,6 +213,8 @@ class ModelRouting:
     def add_actor(self, handle: ActorHandle) -> None:
         """Starts following ``handle``'s KV events (from a dump), or its routed prompts."""
         block_size = handle.info.kv_block_size
+        if self.options.replica_sync:
+            self.follow_peers(handle)
         if not handle.info.kv_events or block_size is None:
             self._approx_actors.add(handle.name)
             return
@@ -221,6 +240,12 @@ class ModelRouting:
         self._syncs[handle.name] = sync
         handle.listener = sync
         sync.start()
+
+    def follow_peers(self, handle: ActorHandle) -> None:
+        """Hears what other control planes route to ``handle``'s actor and counts it in its
+        ``peer_load`` (``add_actor``, with ``--router-replica-sync``)."""
+        name = handle.name
+        handle.peer_listener = lambda routing: self._peer_routed(name, routing)
 
     def remove_actor(self, name: str) -> None:
         """Drops the actor's blocks from both indices."""
@@ -303,14 +328,33 @@ class ModelRouting:
             self.find_tiered_matches(hashes, approximate) if router.uses_overlaps and hashes else {}
         )
         decision = router.choose(request_id, hashes, eligible, overlaps)
-        if approximate or decision.winner in self._approx_actors:
-            self.approx.note_routed(decision.winner, hashes)
-        elif router.config.mode == KV_MODE and self.predicted is not None:
-            self.predicted.note_routed(decision.winner, hashes)
+        self._note_routed(decision.mode, decision.winner, hashes)
         winner = next(actor for actor in ready if actor.name == decision.winner)
         overlap = decision.winner_score.overlap_blocks
         self._observe(decision, overlap)
-        return Route(winner, decision, overlap * (self.block_size or DEFAULT_BLOCK_SIZE))
+        size = self.block_size or DEFAULT_BLOCK_SIZE
+        note = None
+        if self.options.replica_sync:
+            note = RoutingNote(
+                overlap * size, tuple(hashes), size, decision.mode, decision.decided_at
+            )
+        return Route(winner, decision, overlap * size, note)
+
+    def _note_routed(self, mode: str, actor: str, hashes: Sequence[int]) -> None:
+        """Where a routed prompt's blocks are assumed held until its KV events come (or,
+        without events, for the approximate index's TTL)."""
+        if mode == APPROXIMATE_MODE or actor in self._approx_actors:
+            self.approx.note_routed(actor, hashes)
+        elif mode == KV_MODE and self.predicted is not None:
+            self.predicted.note_routed(actor, hashes)
+
+    def _peer_routed(self, actor: str, routing: PeerRouting) -> None:
+        """Another control plane routed a request to ``actor``: its handle counts the load;
+        its blocks are noted here as its router noted them (same block size only)."""
+        note = routing.note
+        self._peer_lag_seconds.observe(max(0.0, time.time() - note.decided_at))
+        if note.block_size == (self.block_size or DEFAULT_BLOCK_SIZE):
+            self._note_routed(note.mode, actor, note.local_hashes)
 
     def _observe(self, decision: RoutingDecision, overlap: int) -> None:
         metrics = self._metrics
@@ -319,14 +363,14 @@ class ModelRouting:
         metrics.routing_decisions.labels(self.model, decision.mode).inc()
 
     def _candidate(self, actor: ActorHandle) -> Candidate:
-        load, name = actor.load, actor.name
+        load, peers, name = actor.load, actor.peer_load, actor.name
         cached = self.approx.num_blocks(name) if name in self._approx_actors else None
         return Candidate(
             actor=name,
-            active_prefill_blocks=load.prefill_blocks,
-            active_decode_blocks=load.decode_blocks,
+            active_prefill_blocks=load.prefill_blocks + peers.prefill_blocks,
+            active_decode_blocks=load.decode_blocks + peers.decode_blocks,
             cached_blocks=self.prefix.num_blocks(name) if cached is None else cached,
-            queue_length=load.waiting,
+            queue_length=load.waiting + peers.waiting,
         )
 
     def _router(self, mode: str) -> KVRouter:

@@ -5,7 +5,9 @@ dispatches each delta to the queue of the request it belongs to. A request's del
 consumed by ``generate``; a client that goes away aborts its request on the actor. The
 same connection carries the actor's KV events, handed to the ``listener`` (the model's
 ``kv_sync.ActorKVSync``), which also hears when the stream breaks. ``load`` counts the
-blocks of the requests in flight, for the router.
+blocks of the requests in flight, for the router; ``peer_load`` those of the requests
+other control planes routed there, from the notes the actor passes on (``"routed"``
+frames, ``routing.peer_routings``) and the deltas every reader gets.
 
 The actor's own reports cross here once, typed: ``info`` is an ``ActorInfo``, ``stats``
 the latest ``EngineStats`` (None until the first refresh). Nothing past this module
@@ -30,12 +32,18 @@ from dynask.actors.runtime.token_stream import (
     KIND_HELLO,
     KIND_KV_EVENTS,
     KIND_OUTPUTS,
+    KIND_ROUTED,
     decode_output,
     encode_frame,
     pack_request,
     read_frame,
 )
 from dynask.actors.runtime.tracing import attached
+from dynask.control_plane.routing.peer_routings import (
+    PeerRouting,
+    RoutingNote,
+    read_peer_routings,
+)
 from dynask.control_plane.serving.actor_load import DEFAULT_BLOCK_SIZE, ActorLoad
 from dynask.control_plane.serving.submit_batcher import SubmitBatcher
 from dynask.control_plane.state.deployment import Role
@@ -69,7 +77,10 @@ class ActorHandle:
     stats: EngineStats | None = None  # the latest ``refresh_stats``
     listener: StreamListener | None = None
     role: Role = Role.AGGREGATED
+    # Hears each request another control plane routed here (the model's routing).
+    peer_listener: Callable[[PeerRouting], None] | None = None
     load: ActorLoad = field(init=False)
+    peer_load: ActorLoad = field(init=False)  # other control planes' requests here
     _queues: dict[str, asyncio.Queue[RequestOutput | None]] = field(default_factory=dict)
     _reader_task: asyncio.Task[None] | None = None
     _writer: asyncio.StreamWriter | None = None
@@ -81,6 +92,7 @@ class ActorHandle:
 
     def __post_init__(self) -> None:
         self.load = ActorLoad(self.info.kv_block_size or DEFAULT_BLOCK_SIZE)
+        self.peer_load = ActorLoad(self.load.block_size)
         self._batcher = SubmitBatcher(self.proxy, self.name)
 
     @property
@@ -113,6 +125,8 @@ class ActorHandle:
                         self._dispatch(decode_output(item))
                 elif kind == KIND_KV_EVENTS and self.listener is not None:
                     self.listener.on_kv_events(payload)
+                elif kind == KIND_ROUTED:
+                    self._peer_routed(payload)
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
             log.warning("token stream of %s closed: %s", self.name, exc)
         finally:
@@ -122,6 +136,29 @@ class ActorHandle:
         queue = self._queues.get(output.request_id)
         if queue is not None:
             queue.put_nowait(output)
+        elif output.request_id in self.peer_load:  # another control plane's request
+            self.peer_load.advance(output.request_id, len(output.token_ids))
+            if output.finished:
+                self.peer_load.release(output.request_id)
+
+    def _peer_routed(self, payload: Any) -> None:
+        """Counts the requests other control planes routed here, when someone follows
+        them (``peer_listener``). Their own hear theirs too: skipped by owner. A bad frame
+        is logged and skipped; the stream goes on."""
+        if self.peer_listener is None:
+            return
+        try:
+            routings = read_peer_routings(payload)
+        except ValueError as exc:
+            log.error("engine actor %s sent %s; skipped", self.name, exc)
+            return
+        for routing in routings:
+            if routing.owner == self.reader_id or routing.request_id in self.peer_load:
+                continue
+            self.peer_load.admit(
+                routing.request_id, routing.prompt_tokens, routing.note.cached_tokens
+            )
+            self.peer_listener(routing)
 
     def declare_lost(self, kind: str, detail: str) -> None:
         """Treats the actor as gone although its stream is open (a hung worker, or one the
@@ -155,6 +192,7 @@ class ActorHandle:
         params: SamplingParams,
         submit: Callable[[bytes], Awaitable[None]] | None = None,
         traceparent: str | None = None,
+        routed: RoutingNote | None = None,
     ) -> AsyncIterator[list[RequestOutput]]:
         """Submits a request and yields its deltas, in order, until the final one.
 
@@ -166,6 +204,8 @@ class ActorHandle:
         releases it) advances there as its tokens arrive. ``submit`` replaces the batched
         submission (``DisaggOrchestrator.submitter`` hands a disaggregated request over).
         ``traceparent`` (W3C) travels with the request: the actor's spans join its trace.
+        ``routed`` (the router's note) goes to the actor's other readers: control planes
+        in front of the same actor count the request as this one does.
         """
         if self.broken:
             raise ActorUnavailableError(f"engine actor {self.name} is unavailable")
@@ -175,7 +215,12 @@ class ActorHandle:
         submitted: asyncio.Future[None] | None = None
         try:
             packed = pack_request(
-                request_id, prompt, asdict(params), traceparent, owner=self.reader_id
+                request_id,
+                prompt,
+                asdict(params),
+                traceparent,
+                owner=self.reader_id,
+                routed=None if routed is None else routed.to_wire(),
             )
             if submit is None:
                 submitted = self._batcher.submit(packed)

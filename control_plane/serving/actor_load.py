@@ -4,8 +4,9 @@ Design decisions:
 
 - The router needs each actor's load at every decision, so it is counted here, as the
   requests go, rather than asked of the actor (a stats call costs a round trip and is
-  stale at once). Only this control plane's requests are counted; an actor shared by
-  several control planes looks lighter to each of them.
+  stale at once). An ``ActorLoad`` counts one control plane's requests; the requests
+  other control planes routed to the actor are counted in a second one as their notes
+  and deltas arrive (``ActorHandle.peer_load``, router replicas).
 - A request is *prefilling* from admission until its first delta arrives, and counts
   the blocks it still has to compute: its prompt minus the blocks the router expected
   the actor to hold. Then it is *decoding* and counts every block it occupies, prompt

@@ -36,6 +36,7 @@ _ITL_BUCKETS = (
     0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2.5, 5,
 )  # fmt: skip
 _DECISION_BUCKETS = (5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2.5e-3, 1e-2)
+_PEER_LAG_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 0.25, 1.0)
 _BLOCK_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 
 # Label values known in advance (their counters start at 0).
@@ -158,6 +159,14 @@ class ServingMetrics:
             "dynask_routing_decisions",
             "Routing decisions by model and mode",
             ["model", "mode"],
+            registry=r,
+        )
+        self.routing_peer_lag_seconds = Histogram(
+            "dynask_routing_peer_lag_seconds",
+            "From another control plane's routing decision to its note reaching this one "
+            "(router replicas: the window in which they do not see each other)",
+            ["model"],
+            buckets=_PEER_LAG_BUCKETS,
             registry=r,
         )
         self.requests_shed = Counter(

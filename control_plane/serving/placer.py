@@ -110,7 +110,9 @@ class Placer:
         actor, block = first.actor, first.actor.load.block_size
         cached = (len(prepared.prompt_ids) - 1) // block * block
         actor.reserve(prepared.request_id, len(prepared.prompt_ids), cached)
-        return Placement(prepared, Route(actor, first.route.decision, cached))
+        note = first.route.note
+        route = Route(actor, first.route.decision, cached, note and note.with_cached(cached))
+        return Placement(prepared, route)
 
     def submitter(self, placement: Placement) -> Submit | None:
         """How the attempt goes out: through its prefill plan, or plainly (None)."""

@@ -1,0 +1,101 @@
+"""Router replicas: what one control plane routed, as the others in front of the same
+actors hear it.
+
+Design decisions:
+
+- Each control plane counts the load it put on an actor (``ActorLoad``) and the prompts
+  it routed before their KV events came (predicted blocks, or the approximate index).
+  A second control plane saw none of that until the KV events arrived, so two of them
+  behind one address both piled onto the actor that looked idle to each. Now a routed
+  request carries its router's ``RoutingNote`` to the actor (``pack_request(routed=)``),
+  and the actor, once it has queued the request, hands the note to every reader of its
+  token stream (``token_stream``'s ``"routed"`` frame). Each other control plane counts
+  the request in that actor's ``peer_load`` and notes its blocks as its router did
+  (``ModelRouting``), so its next decision sees what one router would have seen.
+- The request's later life needs no new message: its first delta (prefill over) and its
+  final one (finished or aborted) are on the stream every reader already gets; the
+  handle moves it in ``peer_load`` as it moves its own (``ActorHandle``).
+- A control plane hears its own requests too and skips them by owner (the reader id it
+  named in its hello); it also ignores a note whose blocks are of another block size.
+- What is not shared: requests routed before this control plane connected, and remote
+  prefills of disaggregated requests (their prefill actors' load stays per control plane).
+- The stale window: a peer's routing reaches here after its submission call to the actor
+  and one stream frame back (on one host about a millisecond, measured by the
+  ``dynask_routing_peer_lag_seconds`` histogram from the note's ``decided_at``); requests
+  routed meanwhile by this control plane do not see it.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingNote:
+    """What a router assumed when it sent a request to an actor."""
+
+    cached_tokens: int  # the prompt tokens it expected the actor to hold
+    local_hashes: tuple[int, ...]  # the prompt's full blocks, as the router hashed them
+    block_size: int  # of those blocks
+    mode: str  # the routing mode that decided (which index it noted the blocks in)
+    decided_at: float  # wall-clock seconds since the epoch
+
+    def to_wire(self) -> dict[str, Any]:
+        """Plain msgpack values for ``pack_request(routed=...)``; hashes as u64 bytes."""
+        return {
+            "c": self.cached_tokens,
+            "h": array("Q", self.local_hashes).tobytes(),
+            "b": self.block_size,
+            "m": self.mode,
+            "t": self.decided_at,
+        }
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> RoutingNote:
+        hashes = array("Q")
+        hashes.frombytes(data["h"])
+        return cls(
+            cached_tokens=int(data["c"]),
+            local_hashes=tuple(hashes),
+            block_size=int(data["b"]),
+            mode=str(data["m"]),
+            decided_at=float(data["t"]),
+        )
+
+    def with_cached(self, cached_tokens: int) -> RoutingNote:
+        """The same note for a request that expects ``cached_tokens`` instead."""
+        return RoutingNote(
+            cached_tokens, self.local_hashes, self.block_size, self.mode, self.decided_at
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PeerRouting:
+    """One request another control plane routed to an actor (a ``"routed"`` record)."""
+
+    request_id: str
+    owner: str | None  # the reader id of the control plane that routed it
+    prompt_tokens: int
+    note: RoutingNote
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> PeerRouting:
+        """Raises ``KeyError``, ``TypeError`` or ``ValueError`` on a malformed record."""
+        owner = record["o"]
+        return cls(
+            request_id=str(record["i"]),
+            owner=None if owner is None else str(owner),
+            prompt_tokens=int(record["n"]),
+            note=RoutingNote.from_wire(record["r"]),
+        )
+
+
+def read_peer_routings(payload: Sequence[Any]) -> list[PeerRouting]:
+    """A ``"routed"`` frame's records; raises ``ValueError`` if one cannot be read."""
+    try:
+        return [PeerRouting.from_record(record) for record in payload]
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"unreadable routed record: {exc!r}") from exc

@@ -1,0 +1,94 @@
+"""Router replicas, without actors: two control planes that hear each other's routings
+(the ``"routed"`` records an actor passes on, relayed by ``replica_script``) score every
+request exactly as one control plane routing the whole sequence does.
+"""
+
+from __future__ import annotations
+
+from dynask.actors.runtime.token_stream import pack_request, read_submission, routed_record
+from dynask.control_plane.routing.model_routing import RoutingOptions
+from dynask.control_plane.routing.peer_routings import PeerRouting, RoutingNote
+from tests.control_plane.routing.replica_script import (
+    ControlPlane,
+    RelayingActors,
+    canonical,
+    play,
+)
+from tests.control_plane.routing_stack import tokens
+
+
+def test_two_control_planes_that_hear_each_other_score_as_one() -> None:
+    one = play([ControlPlane.new(RoutingOptions())])
+    two = play([ControlPlane.new(RoutingOptions()), ControlPlane.new(RoutingOptions())])
+
+    assert canonical(two) == canonical(one)
+    # The scores themselves, named canonically: (winner, [(actor, overlap, prefill, decode, cost)])
+    assert canonical(one)[3] == (
+        "c0",
+        [("c0", 8, 8, 0, 10.0), ("c1", 0, 6, 0, 16.0), ("c2", 0, 4, 0, 14.0)],
+    )
+    assert canonical(one)[4] == (  # r5: r1 decodes on c0 (8 blocks + 1 token: 9 blocks),
+        # r4 prefills its 2 uncached blocks there; C2's 6 blocks are predicted on c1
+        "c1",
+        [("c0", 0, 2, 9, 18.0), ("c1", 6, 6, 0, 7.0), ("c2", 0, 4, 0, 11.0)],
+    )
+
+
+def test_without_replica_sync_the_second_control_plane_sees_idle_actors() -> None:
+    options = RoutingOptions(replica_sync=False)
+    two = play([ControlPlane.new(options), ControlPlane.new(options)])
+    one = play([ControlPlane.new(RoutingOptions())])
+
+    # r2, on the second control plane: it never heard that r1 (8 blocks) is prefilling
+    # on one actor, so all three look idle, that one included (one router saw 8 there).
+    assert sorted(s.prefill_blocks for s in two[1].scores) == [0, 0, 0]
+    assert sorted(s.prefill_blocks for s in one[1].scores) == [0, 0, 8]
+    assert canonical(two) != canonical(one)
+
+
+def test_a_note_crosses_the_actor_unchanged_and_is_read_back_typed() -> None:
+    note = RoutingNote(32, (1, 2**64 - 1, 5), 16, "kv", 1700000000.25)
+    packed = pack_request("r-1", list(range(40)), {}, owner="cp-1", routed=note.to_wire())
+    submission = read_submission(packed)
+    record = routed_record(submission)
+
+    assert submission.owner == "cp-1" and submission.request.prompt == list(range(40))
+    assert record is not None
+    assert PeerRouting.from_record(record) == PeerRouting("r-1", "cp-1", 40, note)
+    assert routed_record(read_submission(pack_request("r-2", [1], {}, owner="cp-1"))) is None
+
+
+def test_a_peer_request_counts_until_its_final_delta_and_its_own_are_skipped() -> None:
+    plane, peer = ControlPlane.new(RoutingOptions()), ControlPlane.new(RoutingOptions())
+    actors = RelayingActors([plane, peer])
+    route = actors.route(plane, "r1", tokens(seed=5, blocks=3, extra=4))
+    name = route.actor.name
+    seen = peer.handle(name).peer_load
+
+    assert len(plane.handle(name).peer_load) == 0  # its own: counted in load, not twice
+    assert (seen.prefill_blocks, seen.decode_blocks, seen.waiting) == (4, 0, 1)
+    assert peer.routing.find_matches(peer.routing.local_hashes(tokens(seed=5, blocks=3))) == {
+        name: 3
+    }
+    actors.delta("r1", 1)
+    assert (seen.prefill_blocks, seen.decode_blocks, seen.waiting) == (0, 4, 0)
+    actors.delta("r1", 12, finished=True)  # 52 + 13 = 65 tokens, then released
+    assert (seen.prefill_blocks, seen.decode_blocks, len(seen)) == (0, 0, 0)
+
+
+def test_approximate_actors_learn_a_peers_routings_and_other_block_sizes_only_count_load() -> None:
+    plane = ControlPlane.new(RoutingOptions(), kv_events=False)
+    peer = ControlPlane.new(RoutingOptions(), kv_events=False)
+    prompt = tokens(seed=6, blocks=5)
+    route = RelayingActors([plane, peer]).route(plane, "r1", prompt)
+
+    assert peer.routing.find_matches(peer.routing.local_hashes(prompt)) == {route.actor.name: 5}
+    assert peer.routing.approx.num_blocks(route.actor.name) == 5
+
+    idle = next(h for h in peer.handles if h is not peer.handle(route.actor.name))
+    other = RoutingNote(0, (11, 12), 32, "kv", 0.0)  # 32-token blocks: not this model's
+    idle._peer_routed([{"i": "x", "o": "cp-9", "n": 64, "r": other.to_wire()}])
+    assert idle.peer_load.prefill_blocks == 4  # 64 tokens, in this actor's 16-token blocks
+    assert peer.routing.approx.num_blocks(idle.name) == 0
+    idle._peer_routed([{"i": "y", "o": "cp-9"}])  # unreadable: skipped, nothing counted
+    assert len(idle.peer_load) == 1

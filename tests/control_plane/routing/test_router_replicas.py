@@ -1,0 +1,113 @@
+"""Router replicas on real actors: two control planes in front of the same mocker actors
+(a real Dask cluster, each control plane with its own HTTP server, the ``openai``
+client) route a fixed sequence of requests in turn, and decide as one control plane
+routing the same sequence alone does.
+
+The actors stall each prefill for ``STALL_MS`` of model time, so while the sequence is
+routed no request has produced a token or a KV event: what a router knows of the
+others' requests is exactly what reached it through the actors' ``"routed"`` frames.
+Each request is sent once the previous one's routing has reached the other control
+plane (``peer_load``). The one control plane is ``replica_script``'s, over handles of
+actors that cannot have answered yet (as the stalled ones have not); the decisions are
+compared with the actors named by the order they first won (idle, empty actors are
+alike: which one a tie picked does not matter).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dynask.control_plane.routing.kv_router import RoutingDecision
+from dynask.control_plane.routing.model_routing import RoutingOptions
+from tests.control_plane.routing.replica_script import (
+    ROUTED_PROMPTS,
+    ControlPlane,
+    RelayingActors,
+    canonical,
+)
+from tests.control_plane.routing_stack import MODEL, Stack, cluster_with_actors, serving_stack
+
+ACTORS = ("mock-0", "mock-1", "mock-2")
+STALL_MS = 4000.0  # every prefill step's model time: far longer than routing the sequence
+STALLED = {"speedup_ratio": 1.0, "num_kv_blocks": 256, "prefill_ms_base": STALL_MS}
+
+
+async def _stream(stack: Stack, prompt: list[int]) -> None:
+    stream = await stack.openai.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=64, stream=True, extra_body={"ignore_eos": True}
+    )
+    async for _ in stream:
+        pass
+
+
+async def _until(done: Any, what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.005)
+
+
+async def _route_in_turn(
+    planes: Sequence[Stack], tasks: list[asyncio.Task[None]]
+) -> list[RoutingDecision]:
+    """Sends ``ROUTED_PROMPTS`` to ``planes`` in turn, each once the previous routing is known
+    to every plane; their decisions in order."""
+    decisions = []
+    for number, prompt in enumerate(ROUTED_PROMPTS):
+        plane = planes[number % len(planes)]
+        log = plane.routing.decisions
+        before = len(log)
+        tasks.append(asyncio.create_task(_stream(plane, prompt)))
+        await _until(lambda: len(log) > before, f"request {number} to be routed")  # noqa: B023
+        [decision] = log.recent(1)
+        for other in planes:
+            if other is not plane:
+                seen = other.handle(decision.winner).peer_load
+                await _until(lambda: decision.request_id in seen, "the peer to hear it")  # noqa: B023
+        decisions.append(decision)
+    return decisions
+
+
+def _one_router() -> list[RoutingDecision]:
+    """One control plane routing ``ROUTED_PROMPTS``, over handles of actors that cannot have
+    answered yet (as the stalled ones): what the pair must decide."""
+    plane = ControlPlane.new(RoutingOptions(), kv_events=True, names=ACTORS)
+    actors = RelayingActors([plane])
+    return [
+        actors.route(plane, f"r{i}", prompt).decision for i, prompt in enumerate(ROUTED_PROMPTS)
+    ]
+
+
+@pytest.mark.slow  # 30–45 s alone on this loaded 2-core machine, most of it starting 3 engines
+def test_two_control_planes_on_the_same_actors_decide_as_one(smollm2_folder: Path) -> None:
+    async def main() -> None:
+        async with (
+            cluster_with_actors(smollm2_folder, len(ACTORS), engine_args=STALLED) as proxies,
+            serving_stack(proxies) as first,
+            serving_stack(proxies) as second,
+        ):
+            tasks: list[asyncio.Task[None]] = []
+            started = time.monotonic()
+            together = await _route_in_turn([first, second], tasks)
+            assert time.monotonic() - started < STALL_MS / 1000, "routing outlasted the stall"
+            # No request has left its prefill: each one counts as waiting on its own
+            # control plane and, through the actors, on the other one.
+            for plane in (first, second):
+                waiting = [h.load.waiting + h.peer_load.waiting for h in plane.handles]
+                assert sum(waiting) == len(ROUTED_PROMPTS)
+
+            assert canonical(together) == canonical(_one_router())
+            metrics = (await second.http.get("/metrics")).text
+            assert f'dynask_routing_peer_lag_seconds_count{{model="{MODEL}"}} 4.0' in metrics
+            for task in tasks:
+                task.cancel()  # the clients go away: the actors abort the requests
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    asyncio.run(main())

@@ -35,7 +35,10 @@ class FrontEnd:
         argv += ["--port", str(port), "--database-url", f"sqlite:///{folder / 'state.db'}"]
         self.proc = sp.start(argv, self.log)
         self.base = f"http://127.0.0.1:{port}"
+
+    def wait_healthy(self) -> FrontEnd:
         sp.wait_healthy(self.base, self.proc, self.log)
+        return self
 
     def health(self) -> dict[str, Any]:
         body: dict[str, Any] = httpx.get(f"{self.base}/health", timeout=10).json()
@@ -84,21 +87,19 @@ def node(tmp_path: Path, tokenizer_folder: Path) -> Iterator[str]:
 def test_a_followers_exit_and_the_leaders_exit_leave_the_pool_served(
     node: str, tmp_path: Path
 ) -> None:
-    first = FrontEnd(tmp_path / "first", node)
+    first = FrontEnd(tmp_path / "first", node).wait_healthy()
     fronts = [first]
     try:
         [engine] = first.engine_names()
-        second = FrontEnd(tmp_path / "second", node)
-        fronts.append(second)
-        assert (first.role(), second.role()) == ("leader", "follower")
+        # Both followers start together (two process starts overlap: the suite's time).
+        second, third = FrontEnd(tmp_path / "second", node), FrontEnd(tmp_path / "third", node)
+        fronts += [second.wait_healthy(), third.wait_healthy()]
+        assert (first.role(), second.role(), third.role()) == ("leader", "follower", "follower")
         assert second.engine_names() == [engine]  # the same actor, not a new one
         assert second.answers("hello from the second")
 
         sp.stop(second.proc)  # a follower's normal exit
         assert first.engine_names() == [engine] and first.answers("still the first")
-
-        third = FrontEnd(tmp_path / "third", node)
-        fronts.append(third)
         assert third.role() == "follower"
         sp.stop(first.proc)  # the leader's normal exit: it hands over
         assert third.role() == "leader"  # at once: no lease to wait out

@@ -9,8 +9,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import pytest
 
 from tests.control_plane import server_process as sp
 
@@ -61,3 +64,14 @@ class DaskProcesses:
         self.workers.clear()
         if self.scheduler is not None:
             sp.stop(self.scheduler)
+
+
+@pytest.fixture
+def dask_cluster(tmp_path: Path) -> Iterator[DaskProcesses]:
+    """A real ``dask scheduler`` process (start workers with ``start_worker``)."""
+    processes = DaskProcesses(tmp_path)
+    processes.start_scheduler()
+    try:
+        yield processes
+    finally:
+        processes.stop_all()

@@ -68,6 +68,20 @@ def dynask_run(
         stop(proc)
 
 
+def wait_for_log(
+    log: Path, text: bytes, proc: subprocess.Popen[bytes], timeout: float = 180
+) -> None:
+    """Waits until ``text`` appears in ``log``; fails at once if ``proc`` exits first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if text in log.read_bytes():
+            return
+        if proc.poll() is not None:
+            raise RuntimeError(f"exited with {proc.returncode}:\n{log.read_text()}")
+        time.sleep(0.3)
+    raise TimeoutError(f"no {text!r} after {timeout}s:\n{log.read_text()}")
+
+
 def stop(proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGINT)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import openai
@@ -45,30 +44,9 @@ def test_wrong_pool_commands_say_what_is_wrong(
     assert message in capsys.readouterr().err
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[DaskProcesses]:
-    processes = DaskProcesses(tmp_path)
-    processes.start_scheduler()
-    try:
-        yield processes
-    finally:
-        processes.stop_all()
-
-
 def _node(folder: Path, scheduler: str, name: str, engine: str = "echo") -> subprocess.Popen[bytes]:
     argv = [DYNASK, "run", "in=dyn://chat", f"out={engine}", "--model-name", "chat"]
     return sp.start([*argv, "--scheduler", scheduler], folder / f"{name}.log")
-
-
-def _wait_for(log: Path, text: bytes, proc: subprocess.Popen[bytes], timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if text in log.read_bytes():
-            return
-        if proc.poll() is not None:
-            raise RuntimeError(f"exited with {proc.returncode}:\n{log.read_text()}")
-        time.sleep(0.3)
-    raise TimeoutError(f"no {text!r} after {timeout}s:\n{log.read_text()}")
 
 
 def _engines_become(base: str, count: int, timeout: float = 120) -> list[dict[str, object]]:
@@ -85,13 +63,13 @@ def _engines_become(base: str, count: int, timeout: float = 120) -> list[dict[st
 
 @pytest.mark.slow
 def test_nodes_join_a_pool_and_a_front_end_serves_it(
-    cluster: DaskProcesses, tmp_path: Path
+    dask_cluster: DaskProcesses, tmp_path: Path
 ) -> None:
-    first = _node(tmp_path, cluster.address, "node-1")
+    first = _node(tmp_path, dask_cluster.address, "node-1")
     nodes = [first]
     try:
-        _wait_for(tmp_path / "node-1.log", JOINED, first)
-        front = ["in=http", "out=dyn://chat", "--scheduler", cluster.address]
+        sp.wait_for_log(tmp_path / "node-1.log", JOINED, first)
+        front = ["in=http", "out=dyn://chat", "--scheduler", dask_cluster.address]
         with sp.dynask_run(tmp_path, front) as (base, _):
             [engine] = _engines_become(base, 1)
             assert engine["deployment"] == "chat"
@@ -103,11 +81,11 @@ def test_nodes_join_a_pool_and_a_front_end_serves_it(
             assert [m.id for m in client.models.list()] == ["chat"]
 
             # Two more nodes at once (each a process start): one joins, one is refused.
-            second = _node(tmp_path, cluster.address, "node-2")
+            second = _node(tmp_path, dask_cluster.address, "node-2")
             nodes.append(second)
-            wrong = _node(tmp_path, cluster.address, "node-3", engine="mocker")
+            wrong = _node(tmp_path, dask_cluster.address, "node-3", engine="mocker")
             nodes.append(wrong)
-            _wait_for(tmp_path / "node-2.log", JOINED, second)
+            sp.wait_for_log(tmp_path / "node-2.log", JOINED, second)
             assert len(_engines_become(base, 2)) == 2  # the new node got an engine
 
             assert wrong.wait(timeout=120) == 2
@@ -123,7 +101,7 @@ def test_nodes_join_a_pool_and_a_front_end_serves_it(
             )
             assert "still here" in (again.choices[0].message.content or "")
         chat = subprocess.run(
-            [DYNASK, "run", "in=text", "out=dyn://chat", "--scheduler", cluster.address],
+            [DYNASK, "run", "in=text", "out=dyn://chat", "--scheduler", dask_cluster.address],
             input="talk to the pool\nexit\n",
             capture_output=True,
             text=True,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,16 +77,6 @@ def _until(check: Callable[[], Any], what: str, timeout: float = 60) -> Any:
     raise TimeoutError(f"not {what} after {timeout}s")
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[DaskProcesses]:
-    processes = DaskProcesses(tmp_path)
-    processes.start_scheduler()
-    try:
-        yield processes
-    finally:
-        processes.stop_all()
-
-
 async def _answered(bases: list[str], index: int, retries: list[int]) -> int:
     """One streamed request, first on ``bases[index % 2]``; on a connection error it is
     retried from the start on the other (as a client list does). Its token count."""
@@ -138,20 +128,20 @@ def _two_ready(rows: list[ActorInstance]) -> list[ActorInstance] | None:
 
 
 def test_kill_9_of_the_leading_control_plane_loses_nothing(
-    cluster: DaskProcesses, tmp_path: Path, tokenizer_folder: Path
+    dask_cluster: DaskProcesses, tmp_path: Path, tokenizer_folder: Path
 ) -> None:
     (tmp_path / "deploy.yaml").write_text(DEPLOY.format(tokenizer=tokenizer_folder))
     db = f"sqlite:///{tmp_path / 'state.db'}"
-    w1 = cluster.start_worker("w1")
-    a = ControlPlane(cluster, tmp_path, db, "a")
+    w1 = dask_cluster.start_worker("w1")
+    a = ControlPlane(dask_cluster, tmp_path, db, "a")
     [only] = a.engines_become(1)  # one worker yet: one of the two replicas
-    b = ControlPlane(cluster, tmp_path, db, "b")
+    b = ControlPlane(dask_cluster, tmp_path, db, "b")
     try:
         # b follows: it serves the actor a started, and stole none ...
         assert [e["name"] for e in b.engines_become(1)] == [only["name"]]
         assert (a.role(), b.role()) == ("leader", "follower")
         # ... and the one a starts once a worker joins.
-        cluster.start_worker("w2")
+        dask_cluster.start_worker("w2")
         first = a.engines_become(2)
         assert {e["name"] for e in b.engines_become(2)} == {e["name"] for e in first}
         rows_of_a = [r for r in _rows(db) if r.status == "ready"]
@@ -179,8 +169,8 @@ def test_kill_9_of_the_leading_control_plane_loses_nothing(
         assert ready == sorted(e["worker"] for e in first)
 
         # b reconciles now: a worker lost afterwards gets its actor replaced on a new one.
-        w3 = cluster.start_worker("w3")
-        cluster.kill(w1)
+        w3 = dask_cluster.start_worker("w3")
+        dask_cluster.kill(w1)
         _until(
             lambda: (
                 {e["worker"] for e in b.engines()} == {w3, *(e["worker"] for e in first)} - {w1}

@@ -8,8 +8,6 @@ by the front end that remains.
 
 from __future__ import annotations
 
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -58,17 +56,6 @@ class FrontEnd:
         return text in (reply.choices[0].message.content or "")
 
 
-def _wait(log: Path, text: bytes, proc: subprocess.Popen[bytes], timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if text in log.read_bytes():
-            return
-        if proc.poll() is not None:
-            raise RuntimeError(f"exited with {proc.returncode}:\n{log.read_text()}")
-        time.sleep(0.3)
-    raise TimeoutError(f"no {text!r} after {timeout}s:\n{log.read_text()}")
-
-
 @pytest.fixture
 def node(tmp_path: Path, tokenizer_folder: Path) -> Iterator[str]:
     cluster = DaskProcesses(tmp_path)
@@ -77,7 +64,7 @@ def node(tmp_path: Path, tokenizer_folder: Path) -> Iterator[str]:
     argv += ["--model-name", "chat"]
     proc = sp.start([*argv, "--scheduler", scheduler], tmp_path / "node.log")
     try:
-        _wait(tmp_path / "node.log", b"this node joined pool 'chat'", proc)
+        sp.wait_for_log(tmp_path / "node.log", b"this node joined pool 'chat'", proc)
         yield scheduler
     finally:
         sp.stop(proc)

@@ -7,35 +7,17 @@ decision and its events. The router's load terms stay 0 (no request is admitted)
 
 from __future__ import annotations
 
-from dynask.actors.api.actor_info import ActorInfo
 from dynask.control_plane.routing.model_routing import ModelRouting, RoutingOptions
 from dynask.control_plane.serving.actor_handle import ActorHandle
 from dynask.control_plane.serving.metrics import ServingMetrics
 from dynask.kv.prefix_index import TierOverlap
+from tests.control_plane.routing.replica_script import NAMES, unconnected_handle
 from tests.control_plane.routing_stack import tokens
-
-NAMES = ("a0", "a1", "a2")
 
 
 def _handles(kv_events: bool = True) -> list[ActorHandle]:
-    return [
-        ActorHandle(
-            name=name,
-            deployment="d",
-            proxy=None,  # never called: choose reads only names, info and load
-            info=ActorInfo(
-                name=name,
-                stream_address="127.0.0.1:1",
-                max_model_len=4096,
-                engine="mocker",
-                model=None,
-                worker="local",
-                kv_events=kv_events,
-                kv_block_size=16,
-            ),
-        )
-        for name in NAMES
-    ]
+    # never called: choose reads only names, info and load
+    return [unconnected_handle(name, kv_events) for name in NAMES]
 
 
 def _overlaps(route_scores: tuple) -> dict[str, int]:

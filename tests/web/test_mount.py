@@ -10,7 +10,9 @@ import pytest
 from starlette.routing import Mount
 
 from dynask.control_plane.api.key_guard import ApiKeyGuard
+from dynask.control_plane.cluster.cluster_admin import ClusterAdmin
 from dynask.control_plane.cluster.reconciler import ClusterRuntime
+from dynask.control_plane.cluster.remote_workers import RemoteWorkers
 from dynask.control_plane.server import ServerOptions
 from dynask.control_plane.serving.metrics import ServingMetrics
 from dynask.control_plane.serving.service import ServingService
@@ -27,11 +29,19 @@ def _control_plane(tmp_path: Path) -> SimpleNamespace:
     upgrade(engine)
     service = ServingService(ServingMetrics())
     keys = ApiKeys(engine)
+    repo, runtime, options = (
+        Repository(engine),
+        ClusterRuntime(service, []),
+        ServerOptions(port=8123),
+    )
+    cluster_admin = ClusterAdmin(runtime)
     return SimpleNamespace(
-        repo=Repository(engine),
+        repo=repo,
         service=service,
-        runtime=ClusterRuntime(service, []),
-        options=ServerOptions(port=8123),
+        runtime=runtime,
+        cluster_admin=cluster_admin,
+        remote_workers=RemoteWorkers(cluster_admin, repo, options.ssh.settings()),
+        options=options,
         api_keys=keys,
         key_guard=ApiKeyGuard(keys),
     )

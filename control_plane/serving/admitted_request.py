@@ -47,24 +47,10 @@ class AdmittedRequest:
         """Takes the request's place in its tenant's limits, its admission slot, then
         places it (on ``beside``'s actor, for a sibling choice); raises the
         ``TenantLimitError``, ``AdmissionRefusedError`` or ``UnavailableError`` that
-        refused it (holding nothing then). At ``--max-in-flight`` it is refused at once;
-        ``enter`` waits its turn instead."""
+        refused it (holding nothing then). At an admission limit it is refused at once;
+        ``enter_group`` waits its turn instead."""
         cls._take_tenant(prepared, admission, tenant)
         return cls._admit_taken(prepared, admission, placer, tenant, beside, None)
-
-    @classmethod
-    async def enter(
-        cls,
-        prepared: PreparedRequest,
-        admission: Admission,
-        placer: Placer,
-        tenant: TenantSlot | None = None,
-        beside: AdmittedRequest | None = None,
-    ) -> AdmittedRequest:
-        """``admit``, but at ``--max-in-flight`` the request waits for a slot in weighted
-        fair order (``Admission.turn``), counted against its tenant's limits meanwhile."""
-        [[admitted]] = await cls.enter_group([[prepared]], admission, placer, tenant, beside)
-        return admitted
 
     @classmethod
     async def enter_group(
@@ -75,10 +61,12 @@ class AdmittedRequest:
         tenant: TenantSlot | None = None,
         beside: AdmittedRequest | None = None,
     ) -> list[list[AdmittedRequest]]:
-        """``enter`` for requests generated together (the choices of one response): they
-        wait for room for all of them at once (``Admission.turn``); the first of each
-        group is placed as any request, the others beside it (its siblings share its
-        prompt's KV). All are admitted or none."""
+        """``admit``, but at an admission limit the requests wait for room for all of them
+        at once, in weighted fair order (``Admission.turn``), counted against their
+        tenant's limits meanwhile. For one request pass ``[[prepared]]``; for the choices
+        of one response, one group per prompt: the first of each group is placed as any
+        request, the others beside it (its siblings share its prompt's KV). All are
+        admitted or none."""
         flat = [prepared for group in groups for prepared in group]
         taken: list[PreparedRequest] = []
         try:

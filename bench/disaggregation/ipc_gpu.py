@@ -8,8 +8,10 @@ blocks with ``IPCTransport.send_blocks`` — consecutive block ids, then scatter
 (random ids on both sides, as after a while of serving) — and, in the same run, times
 ``copy_()`` of one contiguous tensor of the same size on the device (the ceiling) and
 the same block copies between two caches of this process (no IPC), fused (one Triton
-launch over a table of rows: ``kv.gpu.block_copy``, what the transport uses) and tensor by
-tensor (the copies before it). Each figure is the median of ``--repeats`` runs after a
+launch over a table of rows: ``kv.gpu.block_copy``, what the transport uses, with its
+layout found once as the transport keeps it per receiver) and tensor by tensor (the
+copies before it). "begin -> gone" is one control round trip alone (a transfer the
+receiver does not expect). Each figure is the median of ``--repeats`` runs after a
 warm-up; a transfer's time includes its control messages, the table's trip to the
 device and the final synchronisation. Rates are bytes moved / time.
 
@@ -32,6 +34,7 @@ from typing import Any
 import torch
 
 from dynask.kv.gpu.block_copy import (
+    BlockLayout,
     block_runs,
     copy_blocks,
     copy_blocks_per_tensor,
@@ -85,6 +88,7 @@ def short_case(path: str) -> str:
     for long, short in (
         ("device copy_() of one tensor", "copy_ one tensor"),
         ("CUDA IPC, one block", "IPC one block"),
+        ("CUDA IPC, begin -> gone", "IPC round trip"),
         ("CUDA IPC, ", "IPC "),
         ("in-process fused: launch only, ", "launch "),
         ("in-process fused, ", "fused "),
@@ -114,7 +118,12 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     address = (await receiver.stdout.readline()).decode().strip()
     source = cache(args.cache_blocks)
     sender = IPCTransport()
-    times: dict[str, list[float]] = {"one": [], "contiguous": [], "scattered": []}
+    times: dict[str, list[float]] = {"one": [], "contiguous": [], "scattered": [], "gone": []}
+    for r in range(args.repeats + 1):  # the first asks for the handles
+        start = time.perf_counter()
+        assert not await sender.send_blocks(address, TransferId(f"unexpected-{r}"), source, [7])
+        if r:
+            times["gone"].append(time.perf_counter() - start)
     for tid, (src, _) in plans(args).items():
         kind, repeat = tid.rsplit("-", 1)
         start = time.perf_counter()
@@ -134,9 +143,10 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     for kind in ("contiguous", "scattered"):
         src, dst = plan[f"{kind}-1"]
         table = row_table(source, src, local, dst)
-        assert table is not None
+        layout = BlockLayout.of(source, local)
+        assert table is not None and layout is not None
         steps = (
-            ("fused", lambda s=src, d=dst: copy_blocks(source, s, local, d)),
+            ("fused", lambda s=src, d=dst, lay=layout: copy_blocks(source, s, local, d, lay)),
             ("per tensor", lambda s=src, d=dst: copy_blocks_per_tensor(source, s, local, d)),
             ("fused: launch only", lambda t=table: copy_rows(t, source[0], local[0])),
         )
@@ -159,6 +169,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         row["of_copy"] = d2d / row["s"]
     # Fixed costs, no rate: one block over IPC; planning the table on the CPU.
     rows.append({"path": "CUDA IPC, one block", "s": statistics.median(times["one"])})
+    rows.append({"path": "CUDA IPC, begin -> gone", "s": statistics.median(times["gone"])})
     for kind in ("contiguous", "scattered"):
         rows.append(
             {"path": f"row_table only, {kind}", "s": local_times[kind, "fused: table only"]}

@@ -5,11 +5,12 @@ POSIX shared memory (64 tensors, Llama-3.1-8B's layer count, tiny blocks so the 
 negligible): a receiver process (``--serve``, started by this one) expects one-block
 transfers, this process sends them. Rows, each the median of ``--repeats`` after a
 warm-up: a whole one-block transfer (handles opened once; ``begin`` round trip, the copy
-in a thread, ``done``); ``begin -> gone`` (one control round trip alone: an id the
-receiver does not expect); an ``asyncio.to_thread`` hop that does nothing (what a
-transfer pays to wait off the event loop; on a GPU it now overlaps the copy). The CPU's
-own numbers: the GPU host's are in ``bench.disaggregation.ipc_gpu``'s "one block" and
-"begin -> gone" rows.
+in a thread, ``done``); a zero-block transfer (the same control, no copy: on a GPU it is
+what a transfer costs besides the launch and the copy itself); ``begin -> gone`` (one
+control round trip alone: an id the receiver does not expect); an ``asyncio.to_thread``
+hop that does nothing (what a transfer pays to wait off the event loop; on a GPU it now
+overlaps the copy). These are this CPU's numbers: the GPU host's are the "one block" and
+"begin -> gone" rows of ``bench.disaggregation.ipc_gpu``.
 
     .venv/bin/python -m bench.disaggregation.ipc_control
 """
@@ -43,7 +44,11 @@ async def serve(repeats: int) -> None:
     receiver = IPCTransport()
     receiver.share(cache())
     address = await receiver.listen("127.0.0.1")
-    futures = [receiver.expect_blocks(TransferId(f"t{r}"), [9]) for r in range(repeats + 1)]
+    futures = [
+        receiver.expect_blocks(TransferId(f"{kind}{r}"), ids)
+        for r in range(repeats + 1)
+        for kind, ids in (("t", [9]), ("z", []))
+    ]
     print(address, flush=True)
     await asyncio.wait_for(asyncio.gather(*futures), 120)
     await asyncio.sleep(0.3)
@@ -75,12 +80,16 @@ async def measure(repeats: int) -> list[dict[str, Any]]:
     async def one_block(r: int) -> None:
         assert await sender.send_blocks(address, TransferId(f"t{r}"), source, [7])
 
+    async def zero_blocks(r: int) -> None:
+        assert await sender.send_blocks(address, TransferId(f"z{r}"), source, [])
+
     async def hop(_: int) -> None:
         await asyncio.to_thread(lambda: None)
 
     rows = [
         {"path": "begin -> gone (one round trip)", "s": await median_of(repeats, gone)},
         {"path": "one-block transfer", "s": await median_of(repeats, one_block)},
+        {"path": "zero-block transfer", "s": await median_of(repeats, zero_blocks)},
         {"path": "asyncio.to_thread hop", "s": await median_of(repeats, hop)},
     ]
     await sender.close()

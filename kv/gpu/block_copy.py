@@ -36,6 +36,7 @@ Design decisions:
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -154,8 +155,8 @@ class BlockLayout:
         return (
             len(sources) == len(self.sources)
             and len(destinations) == len(self.destinations)
-            and all(a is b for a, b in zip(sources, self.sources, strict=True))
-            and all(a is b for a, b in zip(destinations, self.destinations, strict=True))
+            and all(map(operator.is_, sources, self.sources))
+            and all(map(operator.is_, destinations, self.destinations))
         )
 
     def rows(
@@ -166,15 +167,22 @@ class BlockLayout:
         offsets are computed there, on the current stream (module docstring)."""
         if len(src_ids) != len(dst_ids):
             raise ValueError(f"{len(src_ids)} source blocks for {len(dst_ids)} destination blocks")
-        for ids, blocks in ((src_ids, self.src_blocks), (dst_ids, self.dst_blocks)):
-            if ids and (min(ids) < 0 or max(ids) >= blocks):
-                raise ValueError(f"block ids {min(ids)}..{max(ids)} for caches of {blocks} blocks")
+        # One array of both sides' ids: checked and scaled in numpy (min/max of Python
+        # lists cost more than the whole launch).
+        ids = np.fromiter((*src_ids, *dst_ids), np.int64, 2 * len(src_ids))
+        n = len(src_ids)
+        for side, blocks in ((ids[:n], self.src_blocks), (ids[n:], self.dst_blocks)):
+            if side.size and (side.min() < 0 or side.max() >= blocks):
+                raise ValueError(
+                    f"block ids {side.min()}..{side.max()} for caches of {blocks} blocks"
+                )
         row_words = self.row_bytes // self.word_bytes
+        ids *= row_words
         if device is None:
-            src_offsets = _offsets(self.src_starts, src_ids, row_words)
-            dst_offsets = _offsets(self.dst_starts, dst_ids, row_words)
+            src_offsets = _offsets(self.src_starts, ids[:n])
+            dst_offsets = _offsets(self.dst_starts, ids[n:])
         else:
-            src_offsets, dst_offsets = self._device_offsets(device, src_ids, dst_ids)
+            src_offsets, dst_offsets = self._device_offsets(device, ids)
         return RowTable(
             src_base=self.sources[0].data_ptr(),
             dst_base=self.destinations[0].data_ptr(),
@@ -186,10 +194,11 @@ class BlockLayout:
         )
 
     def _device_offsets(
-        self, device: torch.device, src_ids: Sequence[int], dst_ids: Sequence[int]
+        self, device: torch.device, words: np.ndarray
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``_offsets`` of both sides on ``device``: the tensors' starts stay there (one
-        upload per layout), the ids go up in one copy."""
+        """``_offsets`` of both sides on ``device`` (``words``: the source blocks' words,
+        then the destination's): the tensors' starts stay there (one upload per layout),
+        the blocks go up in one copy."""
         starts = self._device_starts.get(device)
         if starts is None:
             src, dst = (
@@ -197,10 +206,8 @@ class BlockLayout:
                 for s in (self.src_starts, self.dst_starts)
             )
             starts = self._device_starts[device] = (src, dst)
-        row_words = self.row_bytes // self.word_bytes
-        ids = np.asarray([*src_ids, *dst_ids], dtype=np.int64) * row_words
-        blocks = torch.from_numpy(ids).to(device, non_blocking=True).unsqueeze(0)
-        n = len(src_ids)
+        blocks = torch.from_numpy(words).to(device, non_blocking=True).unsqueeze(0)
+        n = len(words) // 2
         return (starts[0] + blocks[:, :n]).view(-1), (starts[1] + blocks[:, n:]).view(-1)
 
 
@@ -216,10 +223,10 @@ def row_table(
     return None if layout is None else layout.rows(src_ids, dst_ids)
 
 
-def _offsets(starts: np.ndarray, ids: Sequence[int], row_words: int) -> torch.Tensor:
+def _offsets(starts: np.ndarray, blocks: np.ndarray) -> torch.Tensor:
     """Words from the first tensor's address to each (tensor, block) row, tensor-major
-    (numpy: a tenth of torch's cost on arrays this small)."""
-    blocks = np.asarray(ids, dtype=np.int64) * row_words
+    (``blocks``: each block's words from its tensor's start; numpy: a tenth of torch's
+    cost on arrays this small)."""
     return torch.from_numpy(np.add.outer(starts, blocks).ravel())
 
 

@@ -8,7 +8,13 @@ Design decisions:
   its blocks device to device into the receiver's *reserved* blocks: no staging tensor
   on either side, no host memory, no PCIe crossing on one GPU.
 - The copy is one fused launch over every layer's blocks (``block_copy``), on a stream
-  of its own, so it waits neither for the sender's engine nor on 64 copies.
+  of its own, so it waits neither for the sender's engine nor on 64 copies. The first
+  copy to a receiver runs in a thread (it opens the handles, finds the ``BlockLayout``
+  and may compile the kernel); later ones are launched on the event loop (microseconds:
+  the layout is reused, the rows are built on the device) and only the wait for the
+  copy's event goes to a thread, overlapping the copy. Measured on a CPU (shared memory,
+  ``bench.disaggregation.ipc_control``), what is left per transfer is the ``begin`` round
+  trip and that wait's wake-up.
 - Only control messages cross a socket (a 4-byte length, then msgpack): ``handles``;
   ``begin`` (the receiver answers with the destination block ids, or ``gone`` when it
   no longer expects the transfer, so a late sender never writes into blocks that were
@@ -46,7 +52,7 @@ import torch
 import torch.multiprocessing
 from torch.multiprocessing.reductions import reduce_tensor
 
-from dynask.kv.gpu.block_copy import BlockLayout, copy_blocks
+from dynask.kv.gpu.block_copy import BlockLayout, copy_blocks, launch_blocks
 from dynask.kv.transfer import TransferError, TransferId
 
 _LENGTH = struct.Struct(">I")
@@ -140,7 +146,7 @@ class IPCTransport:
                 if reply[0] != "ok":
                     return False
                 try:
-                    await asyncio.to_thread(_open_and_copy, peer, caches, block_ids, reply[1])
+                    await _copy(peer, caches, block_ids, reply[1])
                 except (RuntimeError, ValueError) as exc:
                     log.warning("transfer %s: the copy failed", transfer_id, exc_info=True)
                     await _write(peer.writer, ["abort", transfer_id, str(exc)])
@@ -243,6 +249,18 @@ def bind_device(device: torch.device) -> None:
     device 0), so the handles open and the copy runs on the cache's own GPU."""
     if device.type == "cuda":
         torch.cuda.set_device(device)
+
+
+async def _copy(
+    peer: _Peer, caches: Sequence[torch.Tensor], src_ids: list[int], dst_ids: list[int]
+) -> None:
+    """The copy into the peer's blocks, finished on return (module docstring)."""
+    layout = peer.layout
+    if layout is None or peer.caches is None or not layout.fits(caches, peer.caches):
+        await asyncio.to_thread(_open_and_copy, peer, caches, src_ids, dst_ids)
+        return
+    started = launch_blocks(caches, src_ids, peer.caches, dst_ids, layout)
+    await asyncio.to_thread(started.wait)
 
 
 def _open_and_copy(

@@ -8,10 +8,15 @@ blocks with ``IPCTransport.send_blocks`` — consecutive block ids, then scatter
 (random ids on both sides, as after a while of serving) — and, in the same run, times
 ``copy_()`` of one contiguous tensor of the same size on the device (the ceiling) and
 the same block copies between two caches of this process (no IPC), fused (one Triton
-launch over a table of rows: ``kv.gpu.block_copy``, what the transport uses) and tensor by
-tensor (the copies before it). Each figure is the median of ``--repeats`` runs after a
-warm-up; a transfer's time includes its control messages, the table's trip to the
-device and the final synchronisation. Rates are bytes moved / time.
+launch over a table of rows: ``kv.gpu.block_copy``, what the transport uses, with its
+layout found once as the transport keeps it per receiver) and tensor by tensor (the
+copies before it). "begin -> gone" is one control round trip alone (a transfer the
+receiver does not expect); the "in-process one block" rows are the transport's copy step
+for one block on the event loop: until the launch is queued, and until the wait for its
+event in a thread returns (so a one-block transfer ~ round trip + that + ``done``).
+Each figure is the median of ``--repeats`` runs after a warm-up; a transfer's time
+includes its control messages, the rows' trip to the device and the wait for the copy.
+Rates are bytes moved / time.
 
     python -m bench.disaggregation.ipc_gpu          # on the H200 (gpu_serving.sh runs it)
 """
@@ -32,10 +37,12 @@ from typing import Any
 import torch
 
 from dynask.kv.gpu.block_copy import (
+    BlockLayout,
     block_runs,
     copy_blocks,
     copy_blocks_per_tensor,
     copy_rows,
+    launch_blocks,
     row_table,
 )
 from dynask.kv.transfer import TransferId
@@ -85,6 +92,9 @@ def short_case(path: str) -> str:
     for long, short in (
         ("device copy_() of one tensor", "copy_ one tensor"),
         ("CUDA IPC, one block", "IPC one block"),
+        ("CUDA IPC, begin -> gone", "IPC round trip"),
+        ("in-process one block: launch_blocks returns", "one block queued"),
+        ("in-process one block: + event wait in a thread", "one block + wait"),
         ("CUDA IPC, ", "IPC "),
         ("in-process fused: launch only, ", "launch "),
         ("in-process fused, ", "fused "),
@@ -114,7 +124,12 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     address = (await receiver.stdout.readline()).decode().strip()
     source = cache(args.cache_blocks)
     sender = IPCTransport()
-    times: dict[str, list[float]] = {"one": [], "contiguous": [], "scattered": []}
+    times: dict[str, list[float]] = {"one": [], "contiguous": [], "scattered": [], "gone": []}
+    for r in range(args.repeats + 1):  # the first asks for the handles
+        start = time.perf_counter()
+        assert not await sender.send_blocks(address, TransferId(f"unexpected-{r}"), source, [7])
+        if r:
+            times["gone"].append(time.perf_counter() - start)
     for tid, (src, _) in plans(args).items():
         kind, repeat = tid.rsplit("-", 1)
         start = time.perf_counter()
@@ -134,9 +149,10 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     for kind in ("contiguous", "scattered"):
         src, dst = plan[f"{kind}-1"]
         table = row_table(source, src, local, dst)
-        assert table is not None
+        layout = BlockLayout.of(source, local)
+        assert table is not None and layout is not None
         steps = (
-            ("fused", lambda s=src, d=dst: copy_blocks(source, s, local, d)),
+            ("fused", lambda s=src, d=dst, lay=layout: copy_blocks(source, s, local, d, lay)),
             ("per tensor", lambda s=src, d=dst: copy_blocks_per_tensor(source, s, local, d)),
             ("fused: launch only", lambda t=table: copy_rows(t, source[0], local[0])),
         )
@@ -146,6 +162,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         local_times[kind, "fused: table only"] = statistics.median(
             timed(lambda s=src, d=dst: row_table(source, s, local, d)) for _ in range(args.repeats)
         )
+    queued, waited = await one_block_in_process(source, local, args.repeats)
     rows: list[dict[str, Any]] = [{"path": "device copy_() of one tensor", "s": d2d}]
     for kind in ("contiguous", "scattered"):
         runs = len(block_runs(*plan[f"{kind}-1"]))
@@ -159,6 +176,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         row["of_copy"] = d2d / row["s"]
     # Fixed costs, no rate: one block over IPC; planning the table on the CPU.
     rows.append({"path": "CUDA IPC, one block", "s": statistics.median(times["one"])})
+    rows.append({"path": "CUDA IPC, begin -> gone", "s": statistics.median(times["gone"])})
+    rows.append({"path": "in-process one block: launch_blocks returns", "s": queued})
+    rows.append({"path": "in-process one block: + event wait in a thread", "s": waited})
     for kind in ("contiguous", "scattered"):
         rows.append(
             {"path": f"row_table only, {kind}", "s": local_times[kind, "fused: table only"]}
@@ -167,6 +187,24 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         row.setdefault("GB/s", None)
         row["case"] = short_case(row["path"])
     return {"bytes": nbytes, "blocks": args.blocks, "rows": rows}
+
+
+async def one_block_in_process(
+    source: list[torch.Tensor], local: list[torch.Tensor], repeats: int
+) -> tuple[float, float]:
+    """The transport's copy step for one block, as it runs on the event loop (the layout
+    reused): until ``launch_blocks`` returns (rows on the device, the launch, the
+    event), and until its event's wait in a thread returns."""
+    layout = BlockLayout.of(source, local)
+    queued, waited = [], []
+    for _ in range(repeats + 1):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        started = launch_blocks(source, [7], local, [9], layout)
+        queued.append(time.perf_counter() - start)
+        await asyncio.to_thread(started.wait)
+        waited.append(time.perf_counter() - start)
+    return statistics.median(queued[1:]), statistics.median(waited[1:])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -182,10 +220,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     result = asyncio.run(measure(args))
     print(f"{result['bytes'] / 2**30:.2f} GiB ({args.blocks} blocks of 2 MiB) per transfer")
-    print(f"{'path':<44} {'ms':>8} {'GB/s':>8} {'of copy':>8}")
+    print(f"{'path':<48} {'ms':>8} {'GB/s':>8} {'of copy':>8}")
     for row in result["rows"]:
         rate = "" if row["GB/s"] is None else f"{row['GB/s']:>8.1f} {row['of_copy']:>8.0%}"
-        print(f"{row['path']:<44} {row['s'] * 1e3:>8.3f} {rate}")
+        print(f"{row['path']:<48} {row['s'] * 1e3:>8.3f} {rate}")
     result.update(
         timestamp=datetime.now(UTC).isoformat(timespec="seconds"),
         gpu=torch.cuda.get_device_name(),

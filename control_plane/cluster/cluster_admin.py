@@ -7,6 +7,9 @@ Design decisions:
   several open pages do not multiply that cost.
 - Only the embedded cluster of ``dynask run`` can start or retire local workers; on an
   existing scheduler the operator starts ``dask worker`` themselves (``worker_commands``).
+- A local worker added to a cluster whose workers are pinned to GPUs gets the next GPU
+  round robin; one that would take that GPU's engines past all of its memory is refused
+  with ``dynask run``'s own message (``gpu_placement.check_one_more``), before it starts.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dynask.actors.runtime.gpu_discovery import worker_gpus
+from dynask.control_plane.cluster.gpu_placement import check_one_more
 from dynask.control_plane.cluster.reconciler import ClusterRuntime
 
 log = logging.getLogger(__name__)
@@ -119,6 +123,12 @@ class ClusterAdmin:
         any replicas that were waiting for a free worker.
         """
         cluster = self._local_cluster()
+        if self.runtime.gpu_placements:
+            new_name = next(iter(cluster.new_worker_spec()))
+            try:
+                check_one_more(self.runtime.gpu_placements, cluster.worker_spec, new_name)
+            except ValueError as exc:
+                raise ClusterActionError(f"No worker started: {exc}") from exc
         wanted = len(cluster.worker_spec) + 1
         cluster.scale(wanted)
         self._in_background(self._reconcile_when_joined(wanted))

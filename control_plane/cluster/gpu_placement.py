@@ -13,6 +13,9 @@ Design decisions:
   of the engines on one GPU must add up to at most 1 (each engine's fraction bounds its
   weights + activations + KV cache: ``actors.engine.kv_sizing``); more is refused before
   any worker starts, naming the GPU and the sum.
+- A worker added later (the admin UI's "Start a local worker") is pinned round robin
+  past the plan (``placement_of``) and checked as ``dynask run`` checks its plan: one
+  that would take its GPU past 1 is refused before it starts (``check_one_more``).
 - Workers the operator starts (``dask worker``, ``dask cuda worker``) are used as they
   are: their environment is theirs. The commands we print pin one GPU per worker.
 - No GPU (NVML finds none) or a CPU device: no pinning, nothing changes.
@@ -20,9 +23,10 @@ Design decisions:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,6 +99,20 @@ def check_fractions(placements: Sequence[WorkerPlacement]) -> None:
             )
 
 
+def placement_of(placements: Sequence[WorkerPlacement], worker: int) -> WorkerPlacement:
+    """Worker ``worker``'s GPU and fraction: the plan's, round robin past its end."""
+    return dataclasses.replace(placements[worker % len(placements)], worker=worker)
+
+
+def check_one_more(
+    placements: Sequence[WorkerPlacement], running: Iterable[int | str], new: int | str
+) -> None:
+    """``ValueError`` (``check_fractions``' message) when worker ``new``, pinned round
+    robin beside the ``running`` workers (names), would over-commit its GPU."""
+    names = [*(int(name) for name in running), int(new)]
+    check_fractions([placement_of(placements, name) for name in names])
+
+
 class PinnedLocalCluster(LocalCluster):
     """A ``LocalCluster`` whose worker i starts with ``CUDA_VISIBLE_DEVICES`` of GPU i.
 
@@ -110,7 +128,7 @@ class PinnedLocalCluster(LocalCluster):
         specs: dict[Any, dict[str, Any]] = super().new_worker_spec()  # type: ignore[no-untyped-call]
         pinned = {}
         for name, spec in specs.items():
-            placement = self.placements[int(name) % len(self.placements)]
+            placement = placement_of(self.placements, int(name))
             options = {
                 **spec["options"],
                 "env": {**spec["options"].get("env", {}), **placement.env},

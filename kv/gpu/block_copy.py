@@ -20,6 +20,12 @@ Design decisions:
   synchronise would also wait for whatever the engine's thread has queued meanwhile (a
   whole prefill step). So the sources' writes must be finished when it is called; the
   engine's are (a step ends by reading its sampled tokens back).
+- ``launch_blocks`` returns as soon as the copy is queued (a ``BlockCopy`` whose event
+  marks its end), so a caller on an event loop launches there and waits for the event in
+  a thread while the GPU copies: the thread hop overlaps the copy instead of preceding it.
+  With a layout, the rows are built on the device, on the copy stream (one upload of the
+  block ids, one add per side): no table of rows x 8 bytes built by numpy and uploaded
+  from pageable memory per transfer, and no walk over the tensors.
 - Every row's block id is checked against its tensor's length first: the kernel writes
   through raw addresses, so an id past the end would land in someone else's memory.
 - Without CUDA or Triton (CPU engines, tests), or with tensors on several devices, the
@@ -30,8 +36,9 @@ Design decisions:
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
@@ -50,7 +57,7 @@ class RowTable:
 
     src_base: int
     dst_base: int
-    src_offsets: torch.Tensor  # int64, CPU
+    src_offsets: torch.Tensor  # int64, on the CPU or on the device of the copy
     dst_offsets: torch.Tensor
     word_bytes: int  # 4, 2 or 1
     row_words: int
@@ -106,6 +113,10 @@ class BlockLayout:
     row_bytes: int
     word_bytes: int  # 4, 2 or 1
     align_words: int
+    fused_on: torch.device | None  # the one CUDA device of every tensor, with Triton
+    _device_starts: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = field(
+        default_factory=dict, repr=False
+    )
 
     @classmethod
     def of(
@@ -136,6 +147,7 @@ class BlockLayout:
             row_bytes=row,
             word_bytes=word,
             align_words=math.gcd(common, MAX_ALIGN_BYTES) // word,
+            fused_on=sources[0].device if _fusable(sources, destinations) else None,
         )
 
     def fits(self, sources: Sequence[torch.Tensor], destinations: Sequence[torch.Tensor]) -> bool:
@@ -143,28 +155,60 @@ class BlockLayout:
         return (
             len(sources) == len(self.sources)
             and len(destinations) == len(self.destinations)
-            and all(a is b for a, b in zip(sources, self.sources, strict=True))
-            and all(a is b for a, b in zip(destinations, self.destinations, strict=True))
+            and all(map(operator.is_, sources, self.sources))
+            and all(map(operator.is_, destinations, self.destinations))
         )
 
-    def rows(self, src_ids: Sequence[int], dst_ids: Sequence[int]) -> RowTable:
+    def rows(
+        self, src_ids: Sequence[int], dst_ids: Sequence[int], device: torch.device | None = None
+    ) -> RowTable:
         """The rows that copy ``src_ids`` of every source into ``dst_ids`` of its
-        destination; ``ValueError`` for an id outside its tensor."""
+        destination; ``ValueError`` for an id outside its tensor. With ``device``, the
+        offsets are computed there, on the current stream (module docstring)."""
         if len(src_ids) != len(dst_ids):
             raise ValueError(f"{len(src_ids)} source blocks for {len(dst_ids)} destination blocks")
-        for ids, blocks in ((src_ids, self.src_blocks), (dst_ids, self.dst_blocks)):
-            if ids and (min(ids) < 0 or max(ids) >= blocks):
-                raise ValueError(f"block ids {min(ids)}..{max(ids)} for caches of {blocks} blocks")
+        # One array of both sides' ids: checked and scaled in numpy (min/max of Python
+        # lists cost more than the whole launch).
+        ids = np.fromiter((*src_ids, *dst_ids), np.int64, 2 * len(src_ids))
+        n = len(src_ids)
+        for side, blocks in ((ids[:n], self.src_blocks), (ids[n:], self.dst_blocks)):
+            if side.size and (side.min() < 0 or side.max() >= blocks):
+                raise ValueError(
+                    f"block ids {side.min()}..{side.max()} for caches of {blocks} blocks"
+                )
         row_words = self.row_bytes // self.word_bytes
+        ids *= row_words
+        if device is None:
+            src_offsets = _offsets(self.src_starts, ids[:n])
+            dst_offsets = _offsets(self.dst_starts, ids[n:])
+        else:
+            src_offsets, dst_offsets = self._device_offsets(device, ids)
         return RowTable(
             src_base=self.sources[0].data_ptr(),
             dst_base=self.destinations[0].data_ptr(),
-            src_offsets=_offsets(self.src_starts, src_ids, row_words),
-            dst_offsets=_offsets(self.dst_starts, dst_ids, row_words),
+            src_offsets=src_offsets,
+            dst_offsets=dst_offsets,
             word_bytes=self.word_bytes,
             row_words=row_words,
             align_words=self.align_words,
         )
+
+    def _device_offsets(
+        self, device: torch.device, words: np.ndarray
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_offsets`` of both sides on ``device`` (``words``: the source blocks' words,
+        then the destination's): the tensors' starts stay there (one upload per layout),
+        the blocks go up in one copy."""
+        starts = self._device_starts.get(device)
+        if starts is None:
+            src, dst = (
+                torch.from_numpy(s).to(device).unsqueeze(1)
+                for s in (self.src_starts, self.dst_starts)
+            )
+            starts = self._device_starts[device] = (src, dst)
+        blocks = torch.from_numpy(words).to(device, non_blocking=True).unsqueeze(0)
+        n = len(words) // 2
+        return (starts[0] + blocks[:, :n]).view(-1), (starts[1] + blocks[:, n:]).view(-1)
 
 
 def row_table(
@@ -179,11 +223,45 @@ def row_table(
     return None if layout is None else layout.rows(src_ids, dst_ids)
 
 
-def _offsets(starts: np.ndarray, ids: Sequence[int], row_words: int) -> torch.Tensor:
+def _offsets(starts: np.ndarray, blocks: np.ndarray) -> torch.Tensor:
     """Words from the first tensor's address to each (tensor, block) row, tensor-major
-    (numpy: a tenth of torch's cost on arrays this small)."""
-    blocks = np.asarray(ids, dtype=np.int64) * row_words
+    (``blocks``: each block's words from its tensor's start; numpy: a tenth of torch's
+    cost on arrays this small)."""
     return torch.from_numpy(np.add.outer(starts, blocks).ravel())
+
+
+@dataclass(frozen=True, eq=False)
+class BlockCopy:
+    """A block copy under way (``launch_blocks``): ``wait`` returns once it is done."""
+
+    layout: BlockLayout | None  # the layout it used (None: tensor by tensor)
+    done: torch.cuda.Event | None = None  # recorded after the launch; None: done already
+
+    def wait(self) -> None:
+        if self.done is not None:
+            self.done.synchronize()  # type: ignore[no-untyped-call]
+
+
+def launch_blocks(
+    sources: Sequence[torch.Tensor],
+    src_ids: Sequence[int],
+    destinations: Sequence[torch.Tensor],
+    dst_ids: Sequence[int],
+    layout: BlockLayout | None = None,
+) -> BlockCopy:
+    """Queues the copy of blocks ``src_ids`` of every source into ``dst_ids`` of its
+    destination: one fused launch on a GPU (module docstring), returning at once; tensor
+    by tensor elsewhere, returning when it is done. Pass the returned layout again with
+    the same caches."""
+    if layout is None or not layout.fits(sources, destinations):
+        layout = BlockLayout.of(sources, destinations) if _fusable(sources, destinations) else None
+    if layout is None or layout.fused_on is None:
+        copy_blocks_per_tensor(sources, src_ids, destinations, dst_ids)
+        return BlockCopy(None)
+    device = layout.fused_on
+    with torch.cuda.device(device), torch.cuda.stream(_copy_stream(device)):
+        table = layout.rows(src_ids, dst_ids, device)
+        return BlockCopy(layout, _launch_on_current_stream(table, sources[0], destinations[0]))
 
 
 def copy_blocks(
@@ -193,22 +271,11 @@ def copy_blocks(
     dst_ids: Sequence[int],
     layout: BlockLayout | None = None,
 ) -> BlockLayout | None:
-    """Copies blocks ``src_ids`` of every source into ``dst_ids`` of its destination and
-    returns when the copy is finished: one fused launch on a GPU (module docstring),
-    tensor by tensor elsewhere. Returns the layout it used (None: tensor by tensor), for
-    the caller to pass again with the same caches."""
-    if not _fusable(sources, destinations):
-        copy_blocks_per_tensor(sources, src_ids, destinations, dst_ids)
-        return None
-    if layout is None or not layout.fits(sources, destinations):
-        layout = BlockLayout.of(sources, destinations)
-    if layout is None:
-        copy_blocks_per_tensor(sources, src_ids, destinations, dst_ids)
-        return None
-    table = layout.rows(src_ids, dst_ids)
-    if table.rows:
-        copy_rows(table, sources[0], destinations[0])
-    return layout
+    """``launch_blocks``, then waits until the copy is finished; returns the layout it
+    used (None: tensor by tensor), for the caller to pass again with the same caches."""
+    started = launch_blocks(sources, src_ids, destinations, dst_ids, layout)
+    started.wait()
+    return started.layout
 
 
 def _fusable(sources: Sequence[torch.Tensor], destinations: Sequence[torch.Tensor]) -> bool:
@@ -223,19 +290,30 @@ def _fusable(sources: Sequence[torch.Tensor], destinations: Sequence[torch.Tenso
 def copy_rows(table: RowTable, src_base: torch.Tensor, dst_base: torch.Tensor) -> None:
     """Runs ``table`` in one launch on ``src_base``'s device, on a stream of its own, and
     returns when it is done; the bases are the tensors at the table's base addresses."""
+    device = src_base.device
+    with torch.cuda.device(device), torch.cuda.stream(_copy_stream(device)):
+        done = _launch_on_current_stream(table, src_base, dst_base)
+    done.synchronize()  # type: ignore[no-untyped-call]
+
+
+def _launch_on_current_stream(
+    table: RowTable, src_base: torch.Tensor, dst_base: torch.Tensor
+) -> torch.cuda.Event:
+    """Launches ``table`` on the current stream; the event recorded after it."""
     kernel = _kernel()
     if kernel is None or (src_base.data_ptr(), dst_base.data_ptr()) != (
         table.src_base,
         table.dst_base,
     ):
         raise ValueError("copy_rows needs CUDA, Triton and the table's own base tensors")
-    device = src_base.device
-    stream = _copy_stream(device)
-    with torch.cuda.device(device), torch.cuda.stream(stream):
+    if table.rows:
+        device = src_base.device
         src_offsets = table.src_offsets.to(device, non_blocking=True)
         dst_offsets = table.dst_offsets.to(device, non_blocking=True)
         kernel(table, src_base, dst_base, src_offsets, dst_offsets)
-    stream.synchronize()  # type: ignore[no-untyped-call]
+    done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+    done.record()
+    return done
 
 
 @cache

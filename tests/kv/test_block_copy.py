@@ -124,3 +124,18 @@ def test_a_layout_found_once_plans_every_transfer_between_the_same_caches() -> N
     assert not layout.fits([s.clone() for s in sources], destinations)  # other tensors
     assert not layout.fits(sources[:1], destinations[:1])
     assert copy_blocks(sources, [0], destinations, [0], layout) is None  # CPU: per tensor
+
+
+def test_rows_built_by_torch_on_a_device_equal_the_numpy_ones() -> None:
+    # launch_blocks builds the rows on the copy's device (the same arithmetic in torch);
+    # on a CPU "device" the numbers must be the same, tensor-major.
+    buffer = torch.zeros(400, dtype=torch.float16)
+    sources = views(buffer, [0, 40, 80], 4, (2, 5))
+    destinations = views(buffer, [160, 250, 340], 6, (2, 5))
+    layout = BlockLayout.of(sources, destinations)
+    assert layout is not None and layout.fused_on is None  # no CUDA: tensor by tensor
+    on_device = layout.rows([3, 0], [5, 1], torch.device("cpu"))
+    assert on_device.src_offsets.tolist() == [15, 0, 35, 20, 55, 40]  # words of 4 bytes
+    assert on_device.dst_offsets.tolist() == [25, 5, 70, 50, 115, 95]
+    assert on_device.src_offsets.tolist() == layout.rows([3, 0], [5, 1]).src_offsets.tolist()
+    assert layout.rows([], [], torch.device("cpu")).rows == 0

@@ -11,7 +11,13 @@ import pytest
 import torch
 
 from dynask.kv.gpu import block_copy
-from dynask.kv.gpu.block_copy import copy_blocks, copy_blocks_per_tensor, row_table
+from dynask.kv.gpu.block_copy import (
+    BlockLayout,
+    copy_blocks,
+    copy_blocks_per_tensor,
+    launch_blocks,
+    row_table,
+)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -61,3 +67,26 @@ def test_one_launch_moves_exactly_the_blocks_of_a_per_tensor_copy(
         assert torch.equal(mine[dst_ids], theirs[src_ids])
         assert bool((mine[rest] == -1).all())
         assert torch.equal(mine, want)
+
+
+def test_a_layout_reused_builds_the_same_rows_on_the_device_and_copies_them() -> None:
+    shape, dtype = (16, 8, 128), torch.bfloat16
+    source = cuda_caches(64, shape, dtype, 0, seed=21)
+    launched = cuda_caches(96, shape, dtype, 0, seed=None)
+    layout = BlockLayout.of(source, launched)
+    assert layout is not None and layout.fused_on == source[0].device
+    for src_ids, dst_ids in (([5, 6, 7], [90, 0, 44]), ([63], [1]), ([], [])):
+        on_cpu, on_gpu = (
+            layout.rows(src_ids, dst_ids),
+            layout.rows(src_ids, dst_ids, source[0].device),
+        )
+        assert on_gpu.src_offsets.device.type == "cuda"
+        assert on_gpu.src_offsets.tolist() == on_cpu.src_offsets.tolist()
+        assert on_gpu.dst_offsets.tolist() == on_cpu.dst_offsets.tolist()
+    torch.cuda.synchronize()
+    started = launch_blocks(source, [5, 6, 7, 63], launched, [90, 0, 44, 1], layout)
+    assert started.layout is layout and started.done is not None  # queued, not waited for
+    started.wait()
+    for mine, theirs in zip(launched, source, strict=True):
+        assert torch.equal(mine[[90, 0, 44, 1]], theirs[[5, 6, 7, 63]])
+        assert bool((mine[2:44] == -1).all())

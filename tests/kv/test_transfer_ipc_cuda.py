@@ -1,5 +1,7 @@
 """The cuda_ipc transport on a GPU: a second process copies its CUDA blocks straight into
-this process's reserved CUDA blocks (CUDA IPC handles of the paged cache). Runs on the
+this process's reserved CUDA blocks (CUDA IPC handles of the paged cache); the first
+transfer opens the handles in a thread, the second is launched on the sender's event
+loop with the layout kept from the first. Runs on the
 H200 (``bench/disaggregation/gpu_serving.sh``); a machine without CUDA cannot run it.
 """
 

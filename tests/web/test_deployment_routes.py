@@ -5,9 +5,12 @@ from __future__ import annotations
 import html
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from dynask.actors.runtime.gpu_discovery import GPUInfo
+from dynask.control_plane.cluster.gpu_placement import place_workers
 from tests.web.admin_stack import AdminStack
 
 VALID = {
@@ -207,6 +210,44 @@ def test_workers_cannot_be_added_before_the_cluster_runs(stack: AdminStack, csrf
     assert _flashes(stack.client.get("/admin/workers").text) == [
         "the cluster is still starting; try again in a moment"
     ]
+
+
+class PinnedClusterStandIn:
+    """The embedded cluster's surface that "Start a local worker" uses: its workers by
+    name, the name the next one gets, and ``scale`` (recorded, nothing starts)."""
+
+    scheduler_address = "tcp://127.0.0.1:8786"
+
+    def __init__(self, workers: int) -> None:
+        self.worker_spec: dict[int, dict[str, object]] = {i: {} for i in range(workers)}
+        self.scaled_to: list[int] = []
+
+    def new_worker_spec(self) -> dict[int, dict[str, object]]:
+        return {len(self.worker_spec): {}}
+
+    def scale(self, n: int) -> None:
+        self.scaled_to.append(n)
+
+
+def test_a_worker_that_would_overcommit_its_gpu_is_refused_as_dynask_run_refuses(
+    stack: AdminStack, csrf: str
+) -> None:
+    # dynask run --workers 2 --gpu-memory-utilization 0.42 on one GPU: a third engine
+    # would take GPU 0 to 1.26 of its memory.
+    one_gpu = [GPUInfo(0, "FAKE GPU", 80 * 2**30, 0, 0, "GPU-fake-0000")]
+    stack.runtime.gpu_placements = place_workers(2, one_gpu, fraction=0.42)
+    cluster = PinnedClusterStandIn(workers=2)
+    stack.runtime.cluster = cluster  # type: ignore[assignment]
+    stack.runtime.client = SimpleNamespace(status="connecting")  # type: ignore[assignment]
+    stack.client.post("/admin/workers/add", data={"csrf_token": csrf})
+    assert _flashes(stack.client.get("/admin/workers").text) == [
+        "No worker started: GPU 0 would hold 3 engines at gpu_memory_utilization "
+        "0.42 + 0.42 + 0.42 = 1.26 of its memory; the engines of one GPU must add up to at "
+        "most 1 (e.g. --gpu-memory-utilization 0.33)"
+    ]
+    assert cluster.scaled_to == []  # nothing started
+    stack.runtime.cluster = None  # the idle runtime's teardown closes no cluster
+    stack.runtime.client = None
 
 
 def test_the_workers_page_shows_the_commands(stack: AdminStack, csrf: str) -> None:

@@ -25,6 +25,7 @@ from dynask.control_plane.cluster.gpu_placement import (
     PinnedLocalCluster,
     WorkerPlacement,
     check_fractions,
+    check_one_more,
     place_workers,
     placements_for_run,
 )
@@ -106,6 +107,19 @@ def test_visible_devices_select_the_workers_gpus(fake_nvml_8: list[GPUInfo]) -> 
     env = {"CUDA_VISIBLE_DEVICES": "6,GPU-fake-0002,bogus,1"}
     assert [g.index for g in visible_gpus(env, fake_nvml_8)] == [6, 2]
     assert len(visible_gpus({}, fake_nvml_8)) == 8
+
+
+def test_a_worker_added_later_is_checked_round_robin_beside_the_running_ones(
+    fake_nvml_8: list[GPUInfo],
+) -> None:
+    shared = place_workers(2, fake_nvml_8[:1], fraction=0.3)
+    check_one_more(shared, [0, 1], 2)  # 0.3 x 3 = 0.9 of GPU 0: room
+    with pytest.raises(ValueError, match=r"GPU 0 would hold 4 engines .* = 1\.20 of its memory"):
+        check_one_more(shared, [0, 1, 2], 3)
+    own = place_workers(8, fake_nvml_8)  # one engine per GPU at 0.9
+    check_one_more(own, [0, 1, 2, 3, 4, 5, 6], 7)  # worker 7 retired, started again
+    with pytest.raises(ValueError, match=r"GPU 1 would hold 2 engines at .* 0\.9 \+ 0\.9"):
+        check_one_more(own, [1, 2, 3, 4, 5, 6, 7], 9)  # after a retire: name 9 -> GPU 1
 
 
 def test_dynask_run_refuses_an_overcommitted_gpu_before_any_worker_starts(

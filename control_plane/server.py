@@ -42,6 +42,7 @@ from dynask.control_plane.planner.decision import PlannerConfig
 from dynask.control_plane.planner.loop import PlannerLoop
 from dynask.control_plane.reliability.options import ReliabilityOptions
 from dynask.control_plane.routing.model_routing import RoutingOptions
+from dynask.control_plane.serving.gc_policy import settle_heap
 from dynask.control_plane.serving.metrics import ServingMetrics
 from dynask.control_plane.serving.readiness import all_ready, summary
 from dynask.control_plane.serving.service import ServingService
@@ -210,6 +211,8 @@ class ControlPlane:
         if task.cancelled():
             return
         if task.exception() is None:
+            if self.server is not None:  # serving (not an app under test): see gc_policy
+                settle_heap()  # the engines are up: what is alive now lives as long as we do
             if self.planner is not None:
                 self.planner.start()
             self._announce_ready()

@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from functools import partial
 
 from dynask.kv.radix_tree import RadixNode, RadixTree
 
@@ -64,6 +66,7 @@ class ApproxIndex:
         # (expiry, tie-breaker, actor, node); the counter keeps nodes out of comparisons.
         self._expiries: list[tuple[float, int, str, _Node]] = []
         self._counter = itertools.count()
+        self._latest_expiry = -math.inf  # the largest expiry pushed
 
     def note_routed(
         self, actor: str, local_hashes: Sequence[int], now: float | None = None
@@ -75,17 +78,20 @@ class ApproxIndex:
         self._expire(now)
         expiry = now + self.ttl_s
         nodes = self._nodes_of.setdefault(actor, OrderedDict())
-        path = []
-        node = self._tree.root
-        for local_hash in local_hashes:
-            node = self._tree.child(node, local_hash)
-            path.append(node)
-        for node in reversed(path):  # the leading block ends up most recent
-            if actor not in node.holders:
-                self._push(expiry, actor, node)
-            node.holders[actor] = expiry
-            nodes[node] = None
-            nodes.move_to_end(node)
+        move_to_end, counter = nodes.move_to_end, self._counter
+        if expiry >= self._latest_expiry:  # later than every entry: appending keeps a heap
+            self._latest_expiry = expiry
+            push = self._expiries.append
+        else:  # a clock that went back (``now=`` from a test)
+            push = partial(heapq.heappush, self._expiries)
+        for node in reversed(self._tree.path(self._tree.root, local_hashes)):
+            holders = node.holders  # the leading block ends up most recent
+            if actor in holders:
+                move_to_end(node)
+            else:
+                push((expiry, next(counter), actor, node))
+                nodes[node] = None
+            holders[actor] = expiry
         if self.capacity_blocks is not None:
             while len(nodes) > self.capacity_blocks:
                 oldest, _ = nodes.popitem(last=False)

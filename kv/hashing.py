@@ -16,9 +16,11 @@ Design decisions:
 from __future__ import annotations
 
 import struct
+import sys
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NewType
+from typing import NewType, cast
 
 import xxhash
 
@@ -33,6 +35,7 @@ DEFAULT_SEED = 1337
 
 _EXTRA_KEY_SEPARATOR = "\x00"
 _U32_MAX = 0xFFFF_FFFF
+_U32_CODE = next(code for code in "IL" if array(code).itemsize == 4)  # "I" on every ABI we run
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +68,33 @@ def local_block_hash(token_ids: Sequence[int], seed: int = DEFAULT_SEED) -> Loca
     return LocalBlockHash(xxhash.xxh3_64_intdigest(packed, seed=seed))
 
 
+def local_block_hashes(
+    token_ids: Sequence[int], block_size: int, seed: int = DEFAULT_SEED
+) -> list[LocalBlockHash]:
+    """``local_block_hash`` of every full block of ``token_ids``, in order; a trailing
+    partial block is skipped.
+
+    Equal to hashing block by block, but the tokens are packed once (in C) and each
+    block's bytes are a view into them: a 20k-token prompt in blocks of 64 took ~0.5 ms
+    packed block by block, most of it in ``struct.pack``'s argument unpacking.
+    """
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size!r}")
+    full = len(token_ids) - len(token_ids) % block_size
+    if not full:
+        return []
+    try:
+        packed = array(_U32_CODE, token_ids[:full] if full < len(token_ids) else token_ids)
+    except (OverflowError, TypeError) as error:
+        raise _bad_token_error(token_ids[:full]) from error
+    if sys.byteorder != "little":
+        packed.byteswap()
+    view, step = memoryview(packed).cast("B"), 4 * block_size
+    digest = xxhash.xxh3_64_intdigest
+    hashes = [digest(view[start : start + step], seed=seed) for start in range(0, 4 * full, step)]
+    return cast(list[LocalBlockHash], hashes)
+
+
 def chain_hash(
     parent: SequenceHash | None, local: LocalBlockHash, seed: int = DEFAULT_SEED
 ) -> SequenceHash:
@@ -87,8 +117,7 @@ def block_hashes(
         raise ValueError(f"block_size must be positive, got {block_size!r}")
     pairs: list[BlockHashPair] = []
     parent: SequenceHash | None = None
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        local = local_block_hash(token_ids[start : start + block_size], seed)
+    for local in local_block_hashes(token_ids, block_size, seed):
         parent = chain_hash(parent, local, seed)
         pairs.append(BlockHashPair(local=local, sequence=parent))
     return pairs

@@ -39,7 +39,7 @@ from dynask.kv.events import (
     KVEventRecord,
     event_from_dict,
 )
-from dynask.kv.hashing import DEFAULT_SEED, SequenceHash, local_block_hash
+from dynask.kv.hashing import DEFAULT_SEED, LocalBlockHash, SequenceHash, local_block_hashes
 from dynask.kv.radix_tree import RadixNode, RadixTree
 from dynask.kv.tier import TIER_ORDER, KVTier
 
@@ -286,11 +286,40 @@ class PrefixIndex:
             if parent is None:
                 return  # see the module docstring: unreachable from the root
             node = parent
-        size, tokens = event.block_size, event.token_ids
-        for position, block_hash in enumerate(event.block_hashes):
-            local = local_block_hash(tokens[position * size : (position + 1) * size], self.seed)
-            node = self._tree.child(node, local)
-            self._link(actor, state, block_hash, node, event.tier)
+        local = local_block_hashes(event.token_ids, event.block_size, self.seed)
+        tier, nodes, tiers = event.tier, state.nodes, state.tiers
+        slot = _TIER_INDEX[tier]
+        path = self._tree.path(node, local)
+        for position, (block_hash, node) in enumerate(zip(event.block_hashes, path, strict=True)):
+            held = nodes.get(block_hash)
+            if held is node:  # held already, here (maybe in another tier)
+                self._link(actor, state, block_hash, node, tier)
+                continue
+            if held is not None:  # held at another node: removing it there may prune the
+                # nodes made ahead, so the rest goes block by block, as it always did
+                self._store_from(actor, state, event, local, position, path[position].parent)
+                return
+            # A block new to the actor, the usual one: _link's effect, inlined.
+            tiers[block_hash] = {tier}
+            nodes[block_hash] = node
+            per_tier = node.holders.get(actor)
+            if per_tier is None:
+                per_tier = node.holders[actor] = [0] * len(TIER_ORDER)
+            per_tier[slot] += 1
+
+    def _store_from(
+        self,
+        actor: str,
+        state: _ActorState,
+        event: BlockStored,
+        local: list[LocalBlockHash],
+        start: int,
+        node: _Node | None,
+    ) -> None:
+        assert node is not None  # a path node's parent: the root or a node of the path
+        for position in range(start, len(local)):
+            node = self._tree.child(node, local[position])
+            self._link(actor, state, event.block_hashes[position], node, event.tier)
 
     def _link(
         self, actor: str, state: _ActorState, block_hash: SequenceHash, node: _Node, tier: KVTier

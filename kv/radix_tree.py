@@ -17,7 +17,7 @@ Design decisions:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Generic, TypeVar
 
 V = TypeVar("V")
@@ -54,6 +54,20 @@ class RadixTree(Generic[V]):
             node = RadixNode(local_hash, parent)
             parent.children[local_hash] = node
         return node
+
+    def path(self, parent: RadixNode[V], local_hashes: Iterable[int]) -> list[RadixNode[V]]:
+        """The nodes spelling ``local_hashes`` below ``parent``, in order, created where
+        missing (``child`` once per block, in one loop: a long prompt has hundreds)."""
+        nodes = []
+        node = parent
+        for local_hash in local_hashes:
+            children = node.children
+            child = children.get(local_hash)
+            if child is None:
+                child = children[local_hash] = RadixNode(local_hash, node)
+            nodes.append(child)
+            node = child
+        return nodes
 
     def prune(self, node: RadixNode[V]) -> None:
         """Detach ``node`` and its ancestors while they have no holders and no children."""

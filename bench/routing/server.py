@@ -37,6 +37,7 @@ from dynask.actors.runtime.engine_factory import EngineSpec, prepare_model
 from dynask.control_plane.api.app import build_app
 from dynask.control_plane.routing.model_routing import RoutingOptions
 from dynask.control_plane.serving.actor_handle import ActorHandle
+from dynask.control_plane.serving.gc_policy import settle_heap
 from dynask.control_plane.serving.metrics import ServingMetrics
 from dynask.control_plane.serving.service import ServingService
 
@@ -137,6 +138,7 @@ async def serve(args: argparse.Namespace) -> None:
             f"{len(planes)} control plane(s)",
             file=sys.stderr,
         )
+        settle_heap()  # as ``dynask serve`` does once its engines are up
         servers = [
             uvicorn.Server(
                 uvicorn.Config(

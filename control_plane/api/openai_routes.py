@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -107,6 +108,42 @@ COMPLETION_OPERATION = Operation(
 )
 
 
+def parse_json(body: bytes) -> Any:
+    """``json.loads(body)``: the same values and the same errors, in about a third of the
+    time for a long token-id prompt.
+
+    orjson parses first; whatever it refuses (NaN, a lone surrogate escape, UTF-16 bodies,
+    deep nesting) goes to ``json``, which then decides. Where both accept a body their
+    values are equal (both keep the last of duplicate keys, both round floats correctly)
+    but for one case: orjson reads an integer past 64 bits as a float, so a body whose
+    values hold a float of 2**63 or more is read again by ``json``."""
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return json.loads(body)
+    return json.loads(body) if _holds_huge_float(value) else value
+
+
+_HUGE = 2.0**63
+_NO_FLOAT = frozenset({int, str, bool, type(None)})
+
+
+def _holds_huge_float(value: Any) -> bool:
+    """Whether a parsed body holds a float of magnitude 2**63 or more (iterative; a list
+    holding no float, such as token ids, is passed over by one type check in C)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float):
+            if not abs(item) < _HUGE:  # inf and nan too (orjson gives neither, but still)
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list) and not _NO_FLOAT.issuperset(map(type, item)):
+            stack.extend(item)
+    return False
+
+
 async def read_json(request: Request) -> Any:
     body = await request.body()
     if len(body) > MAX_BODY_BYTES:
@@ -116,7 +153,7 @@ async def read_json(request: Request) -> Any:
             code="body_too_large",
         )
     try:
-        return json.loads(body)
+        return parse_json(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise APIError(
             f"the request body is not valid JSON: {exc}", param="body", code="invalid_json"

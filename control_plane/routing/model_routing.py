@@ -65,7 +65,7 @@ from dynask.control_plane.serving.actor_handle import ActorHandle
 from dynask.control_plane.serving.actor_load import DEFAULT_BLOCK_SIZE
 from dynask.control_plane.serving.metrics import ServingMetrics
 from dynask.kv.approx_index import DEFAULT_TTL_S, ApproxIndex
-from dynask.kv.hashing import local_block_hash
+from dynask.kv.hashing import LocalBlockHash, local_block_hashes
 from dynask.kv.prefix_index import PrefixIndex, TierOverlap
 
 log = logging.getLogger(__name__)
@@ -298,13 +298,10 @@ class ModelRouting:
             )
         return matches
 
-    def local_hashes(self, prompt_ids: Sequence[int]) -> list[int]:
+    def local_hashes(self, prompt_ids: Sequence[int]) -> list[LocalBlockHash]:
         """The local hash of every full block of the prompt, in the model's block size."""
         size = self.block_size or DEFAULT_BLOCK_SIZE
-        return [
-            local_block_hash(prompt_ids[start : start + size], self.prefix.seed)
-            for start in range(0, len(prompt_ids) - size + 1, size)
-        ]
+        return local_block_hashes(prompt_ids, size, self.prefix.seed)
 
     def choose(
         self,

@@ -123,3 +123,26 @@ def test_lru_and_ttl_together_leave_no_stale_heap_entry_behind() -> None:
 def test_the_capacity_must_be_a_positive_int(capacity: object) -> None:
     with pytest.raises(ValueError, match="capacity_blocks has value"):
         ApproxIndex(capacity_blocks=capacity)  # type: ignore[arg-type]
+
+
+def test_a_clock_that_goes_back_still_expires_in_expiry_order() -> None:
+    index = ApproxIndex(ttl_s=10)
+    index.note_routed("w0", P, now=50.0)  # expires at 60
+    index.note_routed("w1", P[:2], now=20.0)  # earlier (a test's clock): expires at 30
+
+    assert index.find_matches(P, now=29.9) == {"w0": 4, "w1": 2}
+    assert index.find_matches(P, now=30.0) == {"w0": 4}
+    assert index.find_matches(P, now=60.0) == {}
+    assert (index.num_nodes(), len(index._expiries)) == (0, 0)
+
+
+def test_the_heap_stays_ordered_over_many_routings_and_expiries() -> None:
+    index = ApproxIndex(ttl_s=3)
+    for second in range(20):  # prompts sharing 0..k, the rest their own
+        index.note_routed(f"w{second % 3}", [0, 1, 2, 100 + second], now=float(second))
+
+    assert index.find_matches([0, 1, 2, 119], now=19.5) == {"w0": 3, "w1": 4, "w2": 3}
+    assert index.find_matches([0, 1, 2, 117], now=20.0) == {"w0": 3, "w1": 3}  # 117's expired
+    assert index.find_matches([0], now=21.0) == {"w1": 1}
+    assert index.find_matches([0], now=22.0) == {}
+    assert (index.num_nodes(), len(index._expiries)) == (0, 0)

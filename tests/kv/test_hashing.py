@@ -12,6 +12,7 @@ from dynask.kv.hashing import (
     chain_hash,
     hash_seed,
     local_block_hash,
+    local_block_hashes,
 )
 
 
@@ -109,3 +110,45 @@ def test_extra_keys_change_every_hash():
 def test_block_hashes_rejects_non_positive_block_size(bad):
     with pytest.raises(ValueError, match=f"block_size must be positive, got {bad}"):
         block_hashes([1, 2, 3], block_size=bad)
+
+
+def test_local_block_hashes_are_each_full_blocks_local_hash():
+    tokens = [1, 2, 3, 4, 5, 6, 0xFFFFFFFF]  # two full blocks of 3, one token left over
+
+    hashes = local_block_hashes(tokens, block_size=3)
+
+    assert hashes == [xxh(struct.pack("<3I", 1, 2, 3)), xxh(struct.pack("<3I", 4, 5, 6))]
+    assert hashes == [local_block_hash([1, 2, 3]), local_block_hash([4, 5, 6])]
+
+
+def test_local_block_hashes_equal_block_by_block_hashing_for_a_long_prompt():
+    tokens = [(i * 2_654_435_761) % 49_152 for i in range(20_000)]  # 312 full blocks of 64
+    seed = hash_seed(["lora-a"])
+
+    hashes = local_block_hashes(tokens, block_size=64, seed=seed)
+
+    assert len(hashes) == 312
+    assert hashes == [local_block_hash(tokens[s : s + 64], seed) for s in range(0, 19_968, 64)]
+    assert hashes[0] == xxh(struct.pack("<64I", *tokens[:64]), seed=seed)
+
+
+def test_local_block_hashes_of_a_tuple_and_of_too_few_tokens():
+    assert local_block_hashes((7, 8), block_size=2, seed=42) == [xxh(struct.pack("<2I", 7, 8), 42)]
+    assert local_block_hashes([7], block_size=2) == []
+    assert local_block_hashes([], block_size=2) == []
+
+
+@pytest.mark.parametrize("bad", [-1, 2**32])
+def test_local_block_hashes_reject_tokens_outside_u32_as_local_block_hash_does(bad):
+    with pytest.raises(ValueError, match=rf"token_ids\[3\] has value {bad}"):
+        local_block_hashes([5, 6, 7, bad], block_size=2)
+
+
+def test_local_block_hashes_ignore_a_bad_token_in_the_partial_block():
+    assert local_block_hashes([5, 6, -1], block_size=2) == [local_block_hash([5, 6])]
+
+
+@pytest.mark.parametrize("bad", [0, -4])
+def test_local_block_hashes_reject_non_positive_block_size(bad):
+    with pytest.raises(ValueError, match=f"block_size must be positive, got {bad}"):
+        local_block_hashes([1, 2, 3], block_size=bad)

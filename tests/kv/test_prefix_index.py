@@ -399,3 +399,34 @@ def test_the_index_agrees_with_a_brute_force_reference(data: st.DataObject) -> N
     for actor in ACTORS:
         index.remove_actor(actor)
     assert index.num_nodes() == 0
+
+
+def test_a_hash_stored_again_at_another_node_moves_there() -> None:
+    index = PrefixIndex()
+    feeder = Feeder(index)
+    feeder.send("a", stored([1, 2, 3, 4]))
+    h2 = stored([1, 2, 3, 4]).block_hashes[1]
+
+    # The engine names new blocks with a hash it gave before (its h2 now sits first).
+    feeder.send("a", BlockStored((h2, SequenceHash(99)), None, (5, 6, 7, 8), BS))
+
+    assert index.find_matches(locals_of([5, 6, 7, 8])) == {"a": 2}
+    assert index.find_matches(locals_of([1, 2, 3, 4])) == {"a": 1}  # h2's old node is gone
+    assert (index.num_blocks("a"), index.num_nodes()) == (3, 3)
+
+
+def test_a_hash_moved_up_its_own_chain_leaves_the_chain_whole() -> None:
+    index = PrefixIndex()
+    feeder = Feeder(index)
+    feeder.send("a", stored([1, 2, 3, 4]))
+    h1, h2 = stored([1, 2, 3, 4]).block_hashes
+
+    # The same tokens again, named (h2, 99): moving h2 to the first node prunes the
+    # second one, which the second block then makes anew.
+    feeder.send("a", BlockStored((h2, SequenceHash(99)), None, (1, 2, 3, 4), BS))
+
+    assert index.find_matches(locals_of([1, 2, 3, 4])) == {"a": 2}
+    assert (index.num_blocks("a"), index.num_nodes()) == (3, 2)
+    feeder.send("a", BlockRemoved((h1, h2)))
+    assert index.find_matches(locals_of([1, 2, 3, 4])) == {}  # its first block is gone
+    assert (index.num_blocks("a"), index.num_nodes()) == (1, 2)

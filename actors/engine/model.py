@@ -6,6 +6,8 @@ projections are fused (q|k|v and gate|up) to halve the matmul count per layer; t
 all sequences in a step are flattened into one ``[tokens, hidden]`` batch. Each layer
 hands the next its MLP output and the residual apart, so that the residual add and the
 next RMSNorm are one op (``fused_ops``: one kernel each on CUDA, plain torch on a CPU).
+At small batch on CUDA the q|k|v, o and down projections go through ``skinny_matmul``
+(cuBLAS or a Triton kernel, whichever its timing found faster; down with SiLU·mul fused).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import torch
 from torch import nn
 
 from dynask.actors.engine.attention import AttentionMetadata, paged_attention
-from dynask.actors.engine.cuda import fused_ops
+from dynask.actors.engine.cuda import fused_ops, skinny_matmul
 from dynask.actors.engine.model_config import ModelConfig
 
 
@@ -87,14 +89,14 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         num_tokens = hidden.shape[0]
-        qkv = self.qkv_proj(hidden)
+        qkv = skinny_matmul.linear(hidden, self.qkv_proj)
         fused = self.q_norm is None and fused_ops.can_fuse_rotary(qkv, self.head_dim)
         if fused:  # RoPE in place in qkv, k and v into the cache: one kernel
             fused_ops.rotary_and_store(
                 qkv, positions, rotary.cos, rotary.sin, kv_cache, meta.slot_mapping,
                 self.num_heads, self.num_kv_heads,
             )  # fmt: skip
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = torch.split(qkv, [self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -105,8 +107,7 @@ class Attention(nn.Module):
         out = paged_attention(
             q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, not fused, self.window
         )
-        projected: torch.Tensor = self.o_proj(out.reshape(num_tokens, self.q_size))
-        return projected
+        return skinny_matmul.linear(out.reshape(num_tokens, self.q_size), self.o_proj)
 
 
 class MLP(nn.Module):
@@ -121,8 +122,7 @@ class MLP(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        down: torch.Tensor = self.down_proj(fused_ops.silu_and_mul(self.gate_up_proj(x)))
-        return down
+        return skinny_matmul.gated_linear(self.gate_up_proj(x), self.down_proj)
 
 
 class DecoderLayer(nn.Module):

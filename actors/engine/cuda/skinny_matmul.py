@@ -1,0 +1,192 @@
+"""The decode step's projections at small batch: cuBLAS or a Triton skinny matmul, timed.
+
+At batch 1 an H200 profile showed cuBLAS's GEMVs for q|k|v (6144 x 4096) and o
+(4096 x 4096) at ~3.05 TB/s, where gate|up reaches 4.1 TB/s, and o and down each adding a
+split-K reduce kernel; down also needs its own SiLU·mul kernel before it. A decode step
+at small batch is bound by reading the weights, so:
+
+* ``skinny_matmul_kernel`` (``triton_gemv``) gives each program ``BLOCK_N`` output
+  columns over the whole K: no split-K, no reduce kernel. One row (batch 1,
+  ``gemv_kernel``) multiplies into a float32 tile summed once after the K loop; 2..64
+  rows use ``tl.dot`` with the rows padded to 16+.
+* ``gated_linear``: the down projection reads the fused gate|up output and computes
+  SiLU(gate)·up on the fly (rounded as ``fused_ops.silu_and_mul``): one kernel less.
+* Which is faster depends on the shape, the row count and the GPU, and cannot be known
+  here without one: the first eager call of each (rows, shape, dtype) times cuBLAS and a
+  few tiles on cold L2 (a flush before each run) and keeps the fastest; Triton only wins
+  by a margin (3%). During CUDA-graph capture nothing is timed: an undecided shape takes
+  cuBLAS (the runner's warm-up before each capture decides it first).
+* Only bf16/fp16 weights on CUDA, rows <= ``MAX_ROWS``: float32 (the HF-equality tests)
+  and the CPU keep the plain torch ops, bit for bit as before. ``DYNASK_SKINNY_MATMUL=0``
+  turns it off.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dynask.actors.engine.cuda import fused_ops
+from dynask.actors.engine.cuda.triton_attention import next_power_of_2
+
+log = logging.getLogger(__name__)
+
+MAX_ROWS = 64
+MARGIN = 0.97  # Triton is kept only when it takes at most this share of cuBLAS's time
+TIMING_RUNS = 7
+FLUSH_BYTES = 128 << 20  # more than an H200's L2 (60 MiB)
+_DTYPES = (torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class Tile:
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def fits(self, n: int, k: int) -> bool:
+        return n % self.block_n == 0 and k % self.block_k == 0
+
+
+ONE_ROW_TILES = (Tile(16, 512), Tile(32, 256), Tile(8, 1024))
+DOT_TILES = (Tile(32, 256), Tile(64, 128, num_stages=4), Tile(16, 512))
+
+_choices: dict[tuple[object, ...], Tile | None] = {}
+
+
+def enabled() -> bool:
+    return os.environ.get("DYNASK_SKINNY_MATMUL", "1") != "0"
+
+
+def launch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    tile: Tile,
+    gated: bool = False,
+) -> torch.Tensor:
+    """``x [M, K] @ weight [N, K]^T (+ bias)``; ``gated``: x is gate|up ``[M, 2K]``."""
+    from dynask.actors.engine.cuda import triton_gemv
+
+    rows = x.shape[0]
+    n, k = weight.shape
+    out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    b = bias if bias is not None else weight
+    grid = (n // tile.block_n,)
+    if rows == 1:
+        triton_gemv.gemv_kernel[grid](
+            x, weight, b, out, k, HAS_BIAS=bias is not None, GATED=gated,
+            BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, num_warps=tile.num_warps,
+            num_stages=tile.num_stages,
+        )  # fmt: skip
+        return out
+    triton_gemv.skinny_matmul_kernel[grid](
+        x, weight, b, out, rows, k, x.stride(0), out.stride(0), HAS_BIAS=bias is not None,
+        GATED=gated, IEEE=x.dtype == torch.float32, BLOCK_M=max(16, next_power_of_2(rows)),
+        BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, num_warps=tile.num_warps,
+        num_stages=tile.num_stages,
+    )  # fmt: skip
+    return out
+
+
+def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+    """``layer(x)``: at small batch on CUDA through the faster of cuBLAS and Triton."""
+    tile = _tile_for(x, layer, gated=False)
+    if tile is None:
+        out: torch.Tensor = layer(x)
+        return out
+    return launch(x, layer.weight, layer.bias, tile)
+
+
+def gated_linear(gate_up: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+    """``layer(silu(gate) * up)`` for ``gate_up = [M, 2K]``, SiLU fused where Triton wins."""
+    tile = _tile_for(gate_up, layer, gated=True)
+    if tile is None:
+        out: torch.Tensor = layer(fused_ops.silu_and_mul(gate_up))
+        return out
+    return launch(gate_up, layer.weight, layer.bias, tile, gated=True)
+
+
+def choices() -> dict[str, str]:
+    """What was chosen so far, for benchmarks: ``"rows x N x K dtype [gated]" -> tile``."""
+    named = {}
+    for (rows, n, k, dtype, gated, _bias, _dev), tile in sorted(_choices.items(), key=str):
+        key = f"{rows}x{n}x{k} {str(dtype).removeprefix('torch.')}{' gated' if gated else ''}"
+        named[key] = "cublas" if tile is None else f"triton {tile}"
+    return named
+
+
+def _tile_for(x: torch.Tensor, layer: nn.Linear, gated: bool) -> Tile | None:
+    weight = layer.weight
+    rows = x.shape[0] if x.dim() == 2 else 0
+    if (
+        not enabled()
+        or x.device.type != "cuda"
+        or x.dtype not in _DTYPES
+        or weight.dtype != x.dtype
+        or not 1 <= rows <= MAX_ROWS
+        or x.stride(-1) != 1
+        or not weight.is_contiguous()
+    ):
+        return None
+    n, k = weight.shape
+    key = (rows, n, k, x.dtype, gated, layer.bias is not None, x.device)
+    if key not in _choices:
+        if torch.cuda.is_current_stream_capturing():
+            return None  # nothing can be timed inside a capture: cuBLAS
+        _choices[key] = _fastest(x, layer, gated)
+        log.info("skinny matmul %s: %s", key[:5], _choices[key] or "cublas")
+    return _choices[key]
+
+
+def _fastest(x: torch.Tensor, layer: nn.Linear, gated: bool) -> Tile | None:
+    n, k = layer.weight.shape
+    tiles = [t for t in (ONE_ROW_TILES if x.shape[0] == 1 else DOT_TILES) if t.fits(n, k)]
+    if not tiles:
+        return None
+    if gated:
+        best = _time(
+            lambda: F.linear(fused_ops.silu_and_mul(x), layer.weight, layer.bias), x.device
+        )
+    else:
+        best = _time(lambda: F.linear(x, layer.weight, layer.bias), x.device)
+    best *= MARGIN
+    chosen = None
+    for tile in tiles:
+        try:
+            took = _time(partial(launch, x, layer.weight, layer.bias, tile, gated), x.device)
+        except Exception as error:  # a tile this GPU cannot run (resources): skip it
+            log.warning("skinny matmul tile %s failed: %s", tile, error)
+            continue
+        if took < best:
+            best, chosen = took, tile
+    return chosen
+
+
+def _time(run: Callable[[], object], device: torch.device) -> float:
+    """Median GPU time of ``run`` over a few runs, each on a cold L2."""
+    run()  # compiles / picks the kernel
+    try:
+        flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
+    except torch.OutOfMemoryError:
+        flush = torch.empty(1, dtype=torch.uint8, device=device)
+    times = []
+    for _ in range(TIMING_RUNS):
+        flush.zero_()
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return float(statistics.median(times))

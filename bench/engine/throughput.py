@@ -72,6 +72,7 @@ from bench.engine.report import (
 )
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.engine.config import EngineConfig
+from dynask.actors.engine.cuda import skinny_matmul
 from dynask.actors.engine.engine import LLMEngine
 from dynask.actors.engine.engine_parts import build_engine_parts_from_hf
 from dynask.actors.engine.loader import resolve_model
@@ -395,6 +396,8 @@ def main(argv: list[str] | None = None) -> None:
     print(format_table(rows, ttft, goals, config))
     if on_gpu:
         print_gpu_extras(extra)
+    if on_gpu:
+        extra["skinny_matmul"] = skinny_matmul.choices()  # cuBLAS or Triton, per shape
     if vllm is not None:
         extra["vllm"] = vllm.report(rows)
         print("\n" + engine_vllm.format_vllm_table(vllm.rows(rows), vllm.start_s))

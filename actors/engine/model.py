@@ -6,8 +6,9 @@ projections are fused (q|k|v and gate|up) to halve the matmul count per layer; t
 all sequences in a step are flattened into one ``[tokens, hidden]`` batch. Each layer
 hands the next its MLP output and the residual apart, so that the residual add and the
 next RMSNorm are one op (``fused_ops``: one kernel each on CUDA, plain torch on a CPU).
-At small batch on CUDA the q|k|v, o and down projections go through ``skinny_matmul``
-(cuBLAS or a Triton kernel, whichever its timing found faster; down with SiLU·mul fused).
+At small batch on CUDA every projection but the LM head goes through ``skinny_matmul``
+(cuBLAS or a Triton kernel, whichever its timing found faster; the Triton kernel takes
+the add + RMSNorm in front of q|k|v and gate|up, and the SiLU·mul in front of down).
 """
 
 from __future__ import annotations
@@ -34,6 +35,13 @@ class RMSNorm(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(norm(x + residual), x + residual)`` (one kernel on CUDA)."""
         return fused_ops.add_rms_norm(x, residual, self.weight, self.eps)
+
+    def add_norm_linear(
+        self, x: torch.Tensor, residual: torch.Tensor | None, layer: nn.Linear
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(layer(norm(x + residual)), x + residual)``; at small batch on CUDA the norm
+        may run inside the matmul (``skinny_matmul.norm_linear``)."""
+        return skinny_matmul.norm_linear(x, residual, self.weight, self.eps, layer)
 
 
 class RotaryEmbedding(nn.Module):
@@ -82,14 +90,15 @@ class Attention(nn.Module):
 
     def forward(
         self,
-        hidden: torch.Tensor,
+        qkv: torch.Tensor,
         positions: torch.Tensor,
         rotary: RotaryEmbedding,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        num_tokens = hidden.shape[0]
-        qkv = skinny_matmul.linear(hidden, self.qkv_proj)
+        """Attention from the fused q|k|v projection ``qkv`` (the layer computes it, with
+        the norm in front), through the output projection."""
+        num_tokens = qkv.shape[0]
         fused = self.q_norm is None and fused_ops.can_fuse_rotary(qkv, self.head_dim)
         if fused:  # RoPE in place in qkv, k and v into the cache: one kernel
             fused_ops.rotary_and_store(
@@ -121,8 +130,10 @@ class MLP(nn.Module):
             config.intermediate_size, config.hidden_size, bias=config.mlp_bias
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return skinny_matmul.gated_linear(self.gate_up_proj(x), self.down_proj)
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """The down projection of the fused gate|up output (the layer computes that, with
+        the norm in front)."""
+        return skinny_matmul.gated_linear(gate_up, self.down_proj)
 
 
 class DecoderLayer(nn.Module):
@@ -144,10 +155,14 @@ class DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``hidden`` is the previous layer's MLP output (the embeddings for the first
         layer, with ``residual`` None); returns this layer's MLP output and residual."""
-        normed, residual = self.input_layernorm.add_norm(hidden, residual)
-        attn_out = self.self_attn(normed, positions, rotary, kv_cache, meta)
-        normed, residual = self.post_attention_layernorm.add_norm(attn_out, residual)
-        mlp_out: torch.Tensor = self.mlp(normed)
+        qkv, residual = self.input_layernorm.add_norm_linear(
+            hidden, residual, self.self_attn.qkv_proj
+        )
+        attn_out: torch.Tensor = self.self_attn(qkv, positions, rotary, kv_cache, meta)
+        gate_up, residual = self.post_attention_layernorm.add_norm_linear(
+            attn_out, residual, self.mlp.gate_up_proj
+        )
+        mlp_out: torch.Tensor = self.mlp(gate_up)
         return mlp_out, residual
 
 

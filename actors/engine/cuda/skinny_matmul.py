@@ -1,21 +1,24 @@
 """The decode step's projections at small batch: cuBLAS or a Triton skinny matmul, timed.
 
 At batch 1 an H200 profile showed cuBLAS's GEMVs for q|k|v (6144 x 4096) and o
-(4096 x 4096) at ~3.05 TB/s, where gate|up reaches 4.1 TB/s, and o and down each adding a
-split-K reduce kernel; down also needs its own SiLU·mul kernel before it. A decode step
-at small batch is bound by reading the weights, so:
+(4096 x 4096) at ~3.05 TB/s, where gate|up reaches 4.1 TB/s; o and down each add a
+split-K reduce kernel, and every layer runs two add + RMSNorm kernels and a SiLU·mul
+kernel besides (~2 µs each at batch 1, launch-bound). A decode step at small batch is
+bound by reading the weights, so:
 
-* ``skinny_matmul_kernel`` (``triton_gemv``) gives each program ``BLOCK_N`` output
-  columns over the whole K: no split-K, no reduce kernel. One row (batch 1,
-  ``gemv_kernel``) multiplies into a float32 tile summed once after the K loop; 2..64
-  rows use ``tl.dot`` with the rows padded to 16+.
-* ``gated_linear``: the down projection reads the fused gate|up output and computes
-  SiLU(gate)·up on the fly (rounded as ``fused_ops.silu_and_mul``): one kernel less.
+* ``triton_gemv``'s kernels give each program ``BLOCK_N`` output columns over the whole
+  K: no split-K, no reduce kernel. One row (batch 1, ``gemv_kernel``) multiplies into a
+  float32 tile summed once after the K loop; 2..64 rows (``skinny_matmul_kernel``) use
+  ``tl.dot`` with the rows padded to 16 or 64.
+* The small ops in front of a projection run inside it, rounded exactly as the unfused
+  kernels round: ``norm_linear`` (add + RMSNorm, then q|k|v or gate|up; program 0 writes
+  the new residual) and ``gated_linear`` (SiLU(gate)·up, then down).
 * Which is faster depends on the shape, the row count and the GPU, and cannot be known
-  here without one: the first eager call of each (rows, shape, dtype) times cuBLAS and a
-  few tiles on cold L2 (a flush before each run) and keeps the fastest; Triton only wins
-  by a margin (3%). During CUDA-graph capture nothing is timed: an undecided shape takes
-  cuBLAS (the runner's warm-up before each capture decides it first).
+  without one: the first eager call of each (rows, shape, dtype, prologue) times the
+  unfused ops (cuBLAS plus the small kernel) against the fused kernel on a few tiles, on
+  cold L2 (a flush before each run), and keeps the fastest; Triton only wins by a margin
+  (3%). During CUDA-graph capture nothing is timed: an undecided shape takes the unfused
+  ops (the runner's warm-up before each capture decides it first).
 * Only bf16/fp16 weights on CUDA, rows <= ``MAX_ROWS``: float32 (the HF-equality tests)
   and the CPU keep the plain torch ops, bit for bit as before. ``DYNASK_SKINNY_MATMUL=0``
   turns it off.
@@ -35,7 +38,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from dynask.actors.engine.cuda import fused_ops
-from dynask.actors.engine.cuda.triton_attention import next_power_of_2
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +59,9 @@ class Tile:
         return n % self.block_n == 0 and k % self.block_k == 0
 
 
+# The candidates: each (tile, prologue, one row or 16 / 64 rows) is one compile at start-up.
 ONE_ROW_TILES = (Tile(16, 512), Tile(32, 256), Tile(8, 1024))
-DOT_TILES = (Tile(32, 256), Tile(64, 128, num_stages=4), Tile(16, 512))
+DOT_TILES = (Tile(32, 256), Tile(64, 128, num_stages=4))
 
 _choices: dict[tuple[object, ...], Tile | None] = {}
 
@@ -67,31 +70,57 @@ def enabled() -> bool:
     return os.environ.get("DYNASK_SKINNY_MATMUL", "1") != "0"
 
 
+@dataclass(frozen=True)
+class Norm:
+    """The RMSNorm in front of a matmul: ``norm(x + residual) * weight``."""
+
+    weight: torch.Tensor
+    eps: float
+    residual: torch.Tensor | None  # None: the norm of x alone
+    summed: torch.Tensor | None = None  # where x + residual goes (program 0 writes it)
+
+
+def dot_rows(rows: int) -> int:
+    """BLOCK_M for 2..64 rows: two variants only (each is a compile at start-up)."""
+    return 16 if rows <= 16 else MAX_ROWS
+
+
 def launch(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
     tile: Tile,
     gated: bool = False,
+    norm: Norm | None = None,
 ) -> torch.Tensor:
-    """``x [M, K] @ weight [N, K]^T (+ bias)``; ``gated``: x is gate|up ``[M, 2K]``."""
+    """``x [M, K] @ weight [N, K]^T (+ bias)``; ``gated``: x is gate|up ``[M, 2K]``;
+    ``norm``: the input is the RMSNorm of x (+ its residual)."""
     from dynask.actors.engine.cuda import triton_gemv
 
     rows = x.shape[0]
     n, k = weight.shape
     out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
-    b = bias if bias is not None else weight
+    has_res = norm is not None and norm.residual is not None
+    tensors = (
+        bias if bias is not None else weight,
+        out,
+        norm.residual if norm is not None and norm.residual is not None else x,
+        norm.summed if norm is not None and norm.summed is not None else x,
+        norm.weight if norm is not None else x,
+    )
+    eps = norm.eps if norm is not None else 0.0
+    flags = {"HAS_BIAS": bias is not None, "GATED": gated, "NORM": norm is not None}
+    flags["HAS_RES"] = has_res
     grid = (n // tile.block_n,)
     if rows == 1:
         triton_gemv.gemv_kernel[grid](
-            x, weight, b, out, k, HAS_BIAS=bias is not None, GATED=gated,
-            BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, num_warps=tile.num_warps,
-            num_stages=tile.num_stages,
+            x, weight, *tensors, eps, k, **flags, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
+            num_warps=tile.num_warps, num_stages=tile.num_stages,
         )  # fmt: skip
         return out
     triton_gemv.skinny_matmul_kernel[grid](
-        x, weight, b, out, rows, k, x.stride(0), out.stride(0), HAS_BIAS=bias is not None,
-        GATED=gated, IEEE=x.dtype == torch.float32, BLOCK_M=max(16, next_power_of_2(rows)),
+        x, weight, *tensors, eps, rows, k, x.stride(0), out.stride(0), **flags,
+        IEEE=x.dtype == torch.float32, BLOCK_M=dot_rows(rows),
         BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, num_warps=tile.num_warps,
         num_stages=tile.num_stages,
     )  # fmt: skip
@@ -100,7 +129,13 @@ def launch(
 
 def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
     """``layer(x)``: at small batch on CUDA through the faster of cuBLAS and Triton."""
-    tile = _tile_for(x, layer, gated=False)
+    tile = _tile_for(
+        x,
+        layer,
+        "plain",
+        lambda: F.linear(x, layer.weight, layer.bias),
+        lambda t: launch(x, layer.weight, layer.bias, t),
+    )
     if tile is None:
         out: torch.Tensor = layer(x)
         return out
@@ -109,23 +144,70 @@ def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
 
 def gated_linear(gate_up: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
     """``layer(silu(gate) * up)`` for ``gate_up = [M, 2K]``, SiLU fused where Triton wins."""
-    tile = _tile_for(gate_up, layer, gated=True)
+    tile = _tile_for(
+        gate_up, layer, "gated",
+        lambda: F.linear(fused_ops.silu_and_mul(gate_up), layer.weight, layer.bias),
+        lambda t: launch(gate_up, layer.weight, layer.bias, t, gated=True),
+    )  # fmt: skip
     if tile is None:
         out: torch.Tensor = layer(fused_ops.silu_and_mul(gate_up))
         return out
     return launch(gate_up, layer.weight, layer.bias, tile, gated=True)
 
 
+def norm_linear(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    layer: nn.Linear,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(layer(rms_norm(x + residual)), x + residual)``, the norm fused where Triton wins."""
+    eligible = x.is_contiguous() and norm_weight.is_contiguous()
+    if residual is not None:
+        eligible = eligible and residual.shape == x.shape and residual.is_contiguous()
+    tile = None
+    if eligible:
+
+        def unfused() -> torch.Tensor:
+            normed = fused_ops.add_rms_norm(x, residual, norm_weight, eps)[0]
+            return F.linear(normed, layer.weight, layer.bias)
+
+        def fused(t: Tile) -> torch.Tensor:
+            summed = None if residual is None else torch.empty_like(x)
+            return launch(
+                x, layer.weight, layer.bias, t, norm=Norm(norm_weight, eps, residual, summed)
+            )
+
+        kind = "norm+residual" if residual is not None else "norm"
+        tile = _tile_for(x, layer, kind, unfused, fused)
+    if tile is None:
+        normed, summed = fused_ops.add_rms_norm(x, residual, norm_weight, eps)
+        out: torch.Tensor = layer(normed)
+        return out, summed
+    summed = x if residual is None else torch.empty_like(x)
+    norm = Norm(norm_weight, eps, residual, None if residual is None else summed)
+    return launch(x, layer.weight, layer.bias, tile, norm=norm), summed
+
+
 def choices() -> dict[str, str]:
-    """What was chosen so far, for benchmarks: ``"rows x N x K dtype [gated]" -> tile``."""
+    """What was chosen so far, for benchmarks: ``"rows x N x K dtype kind" -> tile``."""
     named = {}
-    for (rows, n, k, dtype, gated, _bias, _dev), tile in sorted(_choices.items(), key=str):
-        key = f"{rows}x{n}x{k} {str(dtype).removeprefix('torch.')}{' gated' if gated else ''}"
+    for (rows, n, k, dtype, kind, _bias, _dev), tile in sorted(_choices.items(), key=str):
+        key = f"{rows}x{n}x{k} {str(dtype).removeprefix('torch.')} {kind}"
         named[key] = "cublas" if tile is None else f"triton {tile}"
     return named
 
 
-def _tile_for(x: torch.Tensor, layer: nn.Linear, gated: bool) -> Tile | None:
+def _tile_for(
+    x: torch.Tensor,
+    layer: nn.Linear,
+    kind: str,
+    unfused: Callable[[], object],
+    fused: Callable[[Tile], object],
+) -> Tile | None:
+    """The tile to run ``layer`` on ``x`` with (None: the unfused torch ops), timed once
+    per (rows, shape, dtype, kind): ``unfused`` against ``fused`` on each tile."""
     weight = layer.weight
     rows = x.shape[0] if x.dim() == 2 else 0
     if (
@@ -139,31 +221,29 @@ def _tile_for(x: torch.Tensor, layer: nn.Linear, gated: bool) -> Tile | None:
     ):
         return None
     n, k = weight.shape
-    key = (rows, n, k, x.dtype, gated, layer.bias is not None, x.device)
+    key = (rows, n, k, x.dtype, kind, layer.bias is not None, x.device)
     if key not in _choices:
         if torch.cuda.is_current_stream_capturing():
             return None  # nothing can be timed inside a capture: cuBLAS
-        _choices[key] = _fastest(x, layer, gated)
+        tiles = [t for t in (ONE_ROW_TILES if rows == 1 else DOT_TILES) if t.fits(n, k)]
+        _choices[key] = _fastest(tiles, unfused, fused, x.device)
         log.info("skinny matmul %s: %s", key[:5], _choices[key] or "cublas")
     return _choices[key]
 
 
-def _fastest(x: torch.Tensor, layer: nn.Linear, gated: bool) -> Tile | None:
-    n, k = layer.weight.shape
-    tiles = [t for t in (ONE_ROW_TILES if x.shape[0] == 1 else DOT_TILES) if t.fits(n, k)]
+def _fastest(
+    tiles: list[Tile],
+    unfused: Callable[[], object],
+    fused: Callable[[Tile], object],
+    device: torch.device,
+) -> Tile | None:
     if not tiles:
         return None
-    if gated:
-        best = _time(
-            lambda: F.linear(fused_ops.silu_and_mul(x), layer.weight, layer.bias), x.device
-        )
-    else:
-        best = _time(lambda: F.linear(x, layer.weight, layer.bias), x.device)
-    best *= MARGIN
+    best = MARGIN * _time(unfused, device)
     chosen = None
     for tile in tiles:
         try:
-            took = _time(partial(launch, x, layer.weight, layer.bias, tile, gated), x.device)
+            took = _time(partial(fused, tile), device)
         except Exception as error:  # a tile this GPU cannot run (resources): skip it
             log.warning("skinny matmul tile %s failed: %s", tile, error)
             continue

@@ -17,8 +17,17 @@ import triton.language as tl
 
 
 @triton.jit
-def _row_rstd(x_ptrs, res_ptrs, mask, k_dim, eps, HAS_RES: tl.constexpr, BLOCK_K: tl.constexpr):
-    # 1 / rms of each row of x (+ res), the sum rounded to the dtype first.
+def _row_rstd(
+    x_ptrs,
+    res_ptrs,
+    mask,
+    k_dim,
+    eps,
+    HAS_RES: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    AXIS: tl.constexpr,
+):
+    # 1 / rms of each row of x (+ res), the sum rounded to the dtype first; AXIS is K's.
     sq = tl.zeros(x_ptrs.shape, tl.float32)
     for k0 in range(0, k_dim, BLOCK_K):
         x = tl.load(x_ptrs + k0, mask=mask, other=0.0)
@@ -26,7 +35,7 @@ def _row_rstd(x_ptrs, res_ptrs, mask, k_dim, eps, HAS_RES: tl.constexpr, BLOCK_K
             x = (x.to(tl.float32) + tl.load(res_ptrs + k0, mask=mask, other=0.0)).to(x.dtype)
         x = x.to(tl.float32)
         sq += x * x
-    return tl.rsqrt(tl.sum(sq, axis=-1) / k_dim + eps)
+    return tl.rsqrt(tl.sum(sq, axis=AXIS) / k_dim + eps)
 
 
 @triton.jit
@@ -96,7 +105,7 @@ def skinny_matmul_kernel(
     norm_w_ptrs = norm_w_ptr + kk[None, :]
     rstd = tl.zeros([BLOCK_M, 1], tl.float32)
     if NORM:
-        rstd = _row_rstd(x_ptrs, res_ptrs, m_ok, k_dim, eps, HAS_RES, BLOCK_K)[:, None]
+        rstd = _row_rstd(x_ptrs, res_ptrs, m_ok, k_dim, eps, HAS_RES, BLOCK_K, 1)[:, None]
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for _ in range(0, k_dim, BLOCK_K):
         w = tl.load(w_ptrs)
@@ -150,7 +159,7 @@ def gemv_kernel(
     norm_w_ptrs = norm_w_ptr + kk
     rstd = 0.0
     if NORM:
-        rstd = _row_rstd(x_ptrs, res_ptrs, ok, k_dim, eps, HAS_RES, BLOCK_K)
+        rstd = _row_rstd(x_ptrs, res_ptrs, ok, k_dim, eps, HAS_RES, BLOCK_K, 0)
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     for _ in range(0, k_dim, BLOCK_K):
         w = tl.load(w_ptrs)

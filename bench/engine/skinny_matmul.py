@@ -79,7 +79,7 @@ def _measure(name: str, weight: torch.Tensor, rows: int, prologue: str) -> dict[
     else:
         cublas = skinny_matmul._time(lambda: F.linear(x, weight), device)
     tiles: dict[str, float] = {}
-    for tile in skinny_matmul.ONE_ROW_TILES if rows == 1 else skinny_matmul.DOT_TILES:
+    for tile in skinny_matmul.candidates(rows):
         if tile.fits(n, k):
             run = partial(
                 skinny_matmul.launch, x, weight, None, tile, prologue == "gated",

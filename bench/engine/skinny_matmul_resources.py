@@ -4,8 +4,10 @@
 
 Compiles each candidate tile of ``actors/engine/cuda/skinny_matmul.py`` with each prologue
 (none, SiLU·mul, RMSNorm, add + RMSNorm) for the one-row, 16-row and 64-row variants,
-in bf16, through Triton's ptxas for ``sm_ARCH``, and prints registers, stack (spills) and
-shared memory per variant; exits 1 if any spills. A tile that spills here is slow on the
+in bf16 with the specialisations of a real launch (aligned pointers, sizes % 16), through
+Triton's ptxas for ``sm_ARCH``, and prints registers, stack (spills), shared memory and
+whether the weight loads are 16-byte vectors or ``cp.async`` copies; exits 1 if any
+spills. A tile that spills here is slow on the
 GPU whatever its timing; the device run then picks among the rest.
 """
 
@@ -39,6 +41,16 @@ def _signature(rows: int) -> dict[str, str]:
     return signature | {name: "constexpr" for name in FLAGS}
 
 
+def _aligned(kernel: Any, signature: dict[str, str]) -> dict[tuple[int, ...], Any]:
+    """What a launch specialises on: 16-byte aligned pointers, sizes and strides % 16."""
+    sized = ("k_dim", "x_stride", "y_stride")
+    return {
+        (kernel.arg_names.index(name),): [["tt.divisibility", 16]]
+        for name, kind in signature.items()
+        if kind.startswith("*") or name in sized
+    }
+
+
 def _usage(compiled: Any) -> dict[str, int]:
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
@@ -66,13 +78,19 @@ def main() -> None:
                 if rows > 1:
                     constants |= {"IEEE": False, "BLOCK_M": skinny_matmul.dot_rows(rows)}
                 options = {"num_warps": tile.num_warps, "num_stages": tile.num_stages}
-                source = ASTSource(fn=kernel, signature=_signature(rows), constexprs=constants)
+                signature = _signature(rows)
+                source = ASTSource(kernel, signature, constants, _aligned(kernel, signature))
                 compiled = triton.compile(source, target=target, options=options)
                 usage = _usage(compiled)
                 spilling += usage.get("STACK", 0) > 0
+                ptx = compiled.asm["ptx"]
+                loads = (
+                    "cp.async" if "cp.async" in ptx else "v4" if "ld.global.v4" in ptx else "scalar"
+                )
                 print(
                     f"rows {rows:2} {tile} {name:13}: {usage.get('REG')} registers, "
-                    f"stack {usage.get('STACK')} B, shared {compiled.metadata.shared} B"
+                    f"stack {usage.get('STACK')} B, shared {compiled.metadata.shared} B, "
+                    f"loads {loads}"
                 )
     print(f"{spilling} variants spill")
     raise SystemExit(1 if spilling else 0)

@@ -63,7 +63,7 @@ class Tile:
 # The candidates: each (tile, prologue, 1 / 16 / 64 rows) is one compile at start-up.
 # Checked with ptxas for sm_90 (Triton 3.9): none spills registers, with every prologue.
 ONE_ROW_TILES = (Tile(16, 512), Tile(32, 256), Tile(8, 1024))
-DOT16_TILES = (Tile(32, 256), Tile(64, 128, num_stages=4))
+DOT16_TILES = (Tile(32, 128, num_stages=4), Tile(64, 128, num_stages=4))
 DOT64_TILES = (Tile(32, 64, num_warps=8, num_stages=4), Tile(64, 32, num_warps=8, num_stages=4))
 
 

@@ -237,7 +237,7 @@ def _tile_for(
             return None  # nothing can be timed inside a capture: cuBLAS
         tiles = [t for t in candidates(rows) if t.fits(n, k)]
         _choices[key] = _fastest(tiles, unfused, fused, x.device)
-        log.info("skinny matmul %s: %s", key[:5], _choices[key] or "cublas")
+        log.debug("skinny matmul %s: %s", key[:5], _choices[key] or "cublas")
     return _choices[key]
 
 

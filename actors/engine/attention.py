@@ -93,6 +93,23 @@ class PagedPrefill:
 
     block_tables: torch.Tensor  # [chunks, max_blocks] int32
     tiles: torch.Tensor  # [4, tiles] int32, see triton_attention.prefill_tiles
+    num_splits: int = 1  # key splits per tile (triton_attention.prefill_splits)
+    # The split launch's scratch, made by the first layer and reused by the others (one
+    # stream: a layer's merge has read it before the next layer's kernel writes it).
+    _partials: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def partials(self, q: torch.Tensor, num_kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._partials is None:
+            group = q.shape[1] // num_kv_heads
+            self._partials = triton_attention.prefill_partials(
+                self.tiles.shape[1],
+                num_kv_heads,
+                self.num_splits,
+                triton_attention.prefill_block_m(group),
+                q.shape[2],
+                q.device,
+            )
+        return self._partials
 
 
 @dataclass
@@ -153,9 +170,11 @@ def paged_attention(
         )
     if meta.paged_prefill is not None:
         chunks = meta.paged_prefill
+        splits = chunks.num_splits
         triton_attention.paged_prefill(
-            q, k_cache, v_cache, out, chunks.block_tables, chunks.tiles, scale, window
-        )
+            q, k_cache, v_cache, out, chunks.block_tables, chunks.tiles, scale, window, splits,
+            chunks.partials(q, k_cache.shape[2]) if splits > 1 else None,
+        )  # fmt: skip
     if k_cache.dtype != q.dtype:  # a float32 cache under bf16 weights, on a CPU
         q, k, v = q.to(k_cache.dtype), k.to(k_cache.dtype), v.to(k_cache.dtype)
     if meta.decode is not None:

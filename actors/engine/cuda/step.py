@@ -35,7 +35,12 @@ from dynask.actors.engine.attention import (
     PagedPrefill,
     PrefillChunk,
 )
-from dynask.actors.engine.cuda.triton_attention import decode_splits, prefill_tiles
+from dynask.actors.engine.cuda.triton_attention import (
+    decode_splits,
+    num_prefill_tiles,
+    prefill_splits,
+    prefill_tiles,
+)
 from dynask.actors.engine.model import CausalLM
 from dynask.actors.engine.step_plan import StepPlan, StepRows
 from dynask.kv.block import ceil_div
@@ -102,7 +107,14 @@ def build_cuda_inputs(plan: StepPlan, layout: CudaLayout, device: torch.device) 
         width = max(ceil_div(s.num_cached + s.num_new, layout.block_size) for s in cached)
         tables = to_device([block_row(s.block_ids, width) for s in cached], torch.int32, device)
         spans = [(s.first_row, s.num_new, s.num_cached) for s in cached]
-        meta.paged_prefill = PagedPrefill(tables, prefill_tiles(spans, layout.group, device))
+        splits = prefill_splits(
+            num_prefill_tiles(spans, layout.group),
+            layout.num_kv_heads,
+            layout.num_sms,
+            max(s.num_cached + s.num_new for s in cached),
+        )
+        tiles = prefill_tiles(spans, layout.group, device)
+        meta.paged_prefill = PagedPrefill(tables, tiles, splits)
     return CudaStepInputs(packed[0], packed[1], meta)
 
 

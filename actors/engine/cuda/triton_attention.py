@@ -14,6 +14,11 @@ Design decisions:
   programs (flash-decoding) when the batch alone cannot fill the GPU, then merges the
   partial softmaxes in a second small kernel. The split count is fixed per call, so a
   CUDA graph captured for a batch size keeps it.
+* Prefill tiles split their keys the same way when the tiles alone leave most of the
+  GPU idle (``prefill_splits``): a prompt whose prefix is cached recomputes one block
+  after thousands of cached keys, one tile per KV head (8 programs for Llama-3.1-8B,
+  each walking every key) unless split. The split count is a runtime argument, so one
+  compiled kernel serves every count; ``prefill_merge_kernel`` combines the partials.
 * Sliding windows (Mistral, windowed Qwen2 layers) are a compile-time ``WINDOW``: a query
   at position p sees keys p - WINDOW + 1 .. p; decode rows and prefill tiles start their
   key loop at the first visible key, so a window also bounds the KV read.
@@ -39,6 +44,7 @@ LOG2E = 1.4426950408889634
 DECODE_BLOCK_N = 64
 PREFILL_BLOCK_M = 64
 PREFILL_BLOCK_N = 64
+MAX_PREFILL_SPLITS = 16
 
 
 def next_power_of_2(n: int) -> int:
@@ -126,13 +132,44 @@ def prefill_tiles(
     """``[4, tiles]`` int32 (chunk, first query row, query count, first position).
 
     ``chunk_rows`` holds per prefill chunk (first row in q, token count, cached tokens).
+    The host tensor is pinned: a pageable copy would wait for the work on the stream (a
+    decode step in flight under asynchronous scheduling).
     """
     per_tile = max(1, PREFILL_BLOCK_M // group)
     columns: list[tuple[int, int, int, int]] = []
     for chunk, (start, count, cached) in enumerate(chunk_rows):
         for offset in range(0, count, per_tile):
             columns.append((chunk, start + offset, min(per_tile, count - offset), cached + offset))
-    return torch.tensor(columns, dtype=torch.int32).t().contiguous().to(device, non_blocking=True)
+    host = torch.tensor(columns, dtype=torch.int32).t().contiguous()
+    if device.type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
+
+
+def num_prefill_tiles(chunk_rows: list[tuple[int, int, int]], group: int) -> int:
+    """How many tiles ``prefill_tiles`` makes of these chunks."""
+    per_tile = max(1, PREFILL_BLOCK_M // group)
+    return sum(ceil_div(count, per_tile) for _, count, _ in chunk_rows)
+
+
+def prefill_splits(num_tiles: int, num_kv_heads: int, num_sms: int, max_keys: int) -> int:
+    """Key splits per prefill tile: one unless the tiles alone leave most of the GPU idle.
+
+    A short chunk after a long cached prefix (a prompt whose prefix is cached recomputes
+    its last block: 16 tokens after 4,080 on a 4,096-token prompt) is one tile per KV head,
+    8 programs for Llama-3.1-8B, each walking every key; splitting the keys over programs
+    (as flash-decoding does for decode rows) fills about two waves of the GPU, each split
+    keeping at least two key tiles of its own.
+    """
+    programs = max(1, num_tiles * num_kv_heads)
+    wanted = ceil_div(2 * num_sms, programs)
+    most = max_keys // (2 * PREFILL_BLOCK_N)
+    if wanted <= 1 or most <= 1:
+        return 1
+    splits = min(MAX_PREFILL_SPLITS, next_power_of_2(wanted))
+    while splits > most:
+        splits //= 2
+    return max(1, splits)
 
 
 def paged_prefill(
@@ -144,26 +181,41 @@ def paged_prefill(
     tiles: torch.Tensor,
     scale: float,
     window: int | None = None,
+    num_splits: int = 1,
+    partials: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Causal attention of prefill chunks over their cached prefix plus themselves (with
-    a sliding ``window``: over the last ``window`` positions of each query)."""
+    a sliding ``window``: over the last ``window`` positions of each query).
+
+    ``num_splits > 1`` shares each tile's keys out over that many programs and merges
+    their partial softmaxes in a second kernel; ``partials`` (``prefill_partials``) is
+    their scratch, allocated here when not given.
+    """
     kernels = load_kernels()
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     group = num_heads // num_kv_heads
-    block_m = PREFILL_BLOCK_M if group <= PREFILL_BLOCK_M else next_power_of_2(group)
+    block_m = prefill_block_m(group)
     num_tiles = tiles.shape[1]
-    kernels.prefill_kernel[(num_tiles, num_kv_heads)](
+    part_acc = part_ml = out  # unused placeholders when not split
+    if num_splits > 1:
+        part_acc, part_ml = partials or prefill_partials(
+            num_tiles, num_kv_heads, num_splits, block_m, head_dim, q.device
+        )
+    kernels.prefill_kernel[(num_tiles, num_kv_heads, num_splits)](
         q,
         k_cache,
         v_cache,
         out,
+        part_acc,
+        part_ml,
         block_tables,
         tiles,
         num_tiles,
         q.stride(0),
         block_tables.stride(0),
         scale * LOG2E,
+        num_splits,
         NUM_HEADS=num_heads,
         NUM_KV_HEADS=num_kv_heads,
         GROUP=group,
@@ -176,16 +228,51 @@ def paged_prefill(
         num_warps=4,
         num_stages=2,
     )
+    if num_splits > 1:
+        kernels.prefill_merge_kernel[(num_tiles, num_kv_heads)](
+            out,
+            part_acc,
+            part_ml,
+            tiles,
+            num_tiles,
+            num_splits,
+            NUM_HEADS=num_heads,
+            NUM_KV_HEADS=num_kv_heads,
+            GROUP=group,
+            HEAD_DIM=head_dim,
+            BLOCK_M=block_m,
+            num_warps=4,
+        )
+
+
+def prefill_block_m(group: int) -> int:
+    return PREFILL_BLOCK_M if group <= PREFILL_BLOCK_M else next_power_of_2(group)
+
+
+def prefill_partials(
+    num_tiles: int,
+    num_kv_heads: int,
+    num_splits: int,
+    block_m: int,
+    head_dim: int,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scratch of a split prefill launch: float32 (acc ``[.., head_dim]``, (m, l) pairs)."""
+    rows = num_tiles * num_kv_heads * num_splits * block_m
+    acc = torch.empty((rows, head_dim), dtype=torch.float32, device=device)
+    return acc, torch.empty((rows, 2), dtype=torch.float32, device=device)
 
 
 def compile_paged_prefill(k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int) -> None:
-    """Runs the prefill kernel once on a one-token chunk, so that it compiles at start-up.
+    """Runs the prefill kernels once on a one-token chunk, so that they compile at start-up.
 
     Otherwise the first step that continues a cached prefix pays the compile (~0.7 s on
-    an H200) in the middle of serving. Reads block 0 and writes a scratch output only.
+    an H200) in the middle of serving. Reads block 0 and writes a scratch output only;
+    the split run compiles the merge kernel (its second split has no key).
     """
     device = k_cache.device
     q = torch.zeros((1, num_heads, k_cache.shape[3]), dtype=k_cache.dtype, device=device)
     tables = torch.zeros((1, 1), dtype=torch.int32, device=device)
     tiles = prefill_tiles([(0, 1, 0)], num_heads // k_cache.shape[2], device)
-    paged_prefill(q, k_cache, v_cache, torch.empty_like(q), tables, tiles, 1.0)
+    for splits in (1, 2):
+        paged_prefill(q, k_cache, v_cache, torch.empty_like(q), tables, tiles, 1.0, None, splits)

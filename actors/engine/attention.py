@@ -14,7 +14,8 @@ chunks with a cached prefix another. Its tensors are int32 and fixed-shape per b
 size, so a decode step can be captured in a CUDA graph and replayed.
 
 Both: a chunk with no cached prefix attends straight to its own fresh keys with SDPA
-(flash attention on a GPU), skipping the cache.
+(flash attention on a GPU, cuDNN's for a long bf16/fp16 chunk), skipping the cache; when
+it is the step's only work its SDPA output is the step's attention output (no copy).
 
 Sliding windows (Mistral, windowed Qwen2 layers): a layer's ``window`` W lets a token see
 the last W positions, itself included, as transformers does. The CPU path masks the rest
@@ -26,6 +27,8 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -153,6 +156,10 @@ def paged_attention(
     """
     if store_kv:
         write_kv(k_cache, v_cache, k.to(k_cache.dtype), v.to(v_cache.dtype), meta.slot_mapping)
+    if q.device.type == "cuda" and _one_chunk_only(meta, q.shape[0]):
+        # A lone prompt chunk (CUDA keeps q and the cache in one dtype): SDPA's output is
+        # the step's, no copy into a fresh tensor.
+        return _prefill_attention(q, k, v, k_cache, v_cache, meta.prefills[0], scale, window)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if meta.paged_decode is not None:
         paged = meta.paged_decode
@@ -187,6 +194,15 @@ def paged_attention(
             q, k, v, k_cache, v_cache, chunk, scale, window
         )
     return out
+
+
+def _one_chunk_only(meta: AttentionMetadata, num_tokens: int) -> bool:
+    """Whether the step is one prefill chunk covering every token, attended by SDPA."""
+    others = (meta.decode, meta.paged_decode, meta.paged_prefill)
+    if any(part is not None for part in others) or len(meta.prefills) != 1:
+        return False
+    chunk = meta.prefills[0]
+    return chunk.block_table is None and chunk.start == 0 and chunk.end == num_tokens
 
 
 def _decode_attention(
@@ -229,7 +245,7 @@ def _prefill_attention(
                 queries, keys, values, attn_mask=mask, scale=scale, enable_gqa=True
             )
             return attended.squeeze(0).transpose(0, 1)
-        with _fresh_chunk_backends(q.device):
+        with _fresh_chunk_backends(q.device, num_new, q.dtype):
             attended = F.scaled_dot_product_attention(
                 queries, keys, values, is_causal=True, scale=scale, enable_gqa=True
             )
@@ -245,19 +261,35 @@ def _prefill_attention(
     return attended.squeeze(0).transpose(0, 1)
 
 
-def _fresh_chunk_backends(device: torch.device) -> AbstractContextManager[None]:
-    """On CUDA: flash attention (else efficient/math), never cuDNN.
+def _fresh_chunk_backends(
+    device: torch.device, num_tokens: int, dtype: torch.dtype
+) -> AbstractContextManager[None]:
+    """On CUDA: cuDNN for a long bf16/fp16 chunk, else flash attention (else efficient/math).
 
     cuDNN's SDPA builds an execution plan per new shape and stride, ~0.8 ms of CPU per
     call; chunks of ever-new lengths at ever-new offsets in the step's q made mixed steps
-    of a 64-prompt batch take 0.9 s instead of 0.2 s on an H200.
+    of a 64-prompt batch take 0.9 s instead of 0.2 s on an H200. A chunk of
+    ``CUDNN_MIN_TOKENS`` or more pays that once per step (the layers share the plan) for
+    a faster kernel on Hopper (PyTorch's own default there since cuDNN 9.15.1, which
+    fixed lengths not a multiple of 128); with an older cuDNN it stays on flash.
     """
     if device.type != "cuda":
         return nullcontext()
+    if num_tokens >= CUDNN_MIN_TOKENS and dtype in (torch.bfloat16, torch.float16) and _cudnn_ok():
+        return sdpa_kernel([SDPBackend.CUDNN_ATTENTION, *_GPU_SDPA_BACKENDS])
     return sdpa_kernel(_GPU_SDPA_BACKENDS)
 
 
 _GPU_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+CUDNN_MIN_TOKENS = 1024
+_CUDNN_FIXED = 91501  # cuDNN 9.15.1
+
+
+@cache
+def _cudnn_ok() -> bool:
+    cudnn: Any = torch.backends.cudnn
+    version = cudnn.version() if cudnn.is_available() else None
+    return version is not None and version >= _CUDNN_FIXED
 
 
 def gather_blocks(

@@ -6,7 +6,8 @@ sequence's pending tokens; a prefill chunk that stops mid-prompt samples nothing
 
 On CUDA the step's inputs come from ``cuda_step`` (paged kernels reading the cache in
 place); a decode-only step replays a CUDA graph when graphs were captured
-(``capture_decode_graphs``). The cache then has one extra scratch block past the pool's
+(``capture_decode_graphs``), and so does a cached prompt's short last chunk
+(``cuda.prefill_graph``). The cache then has one extra scratch block past the pool's
 blocks, where padded graph rows write. Sampling runs where the logits are and hands back
 the token ids with one device-to-host copy.
 """
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from dynask.actors.engine.cuda.overlap import PendingTokens
+from dynask.actors.engine.cuda.prefill_graph import ShortPrefillGraph
 from dynask.actors.engine.cuda.step import CudaLayout, DecodeGraphs, build_cuda_inputs
 from dynask.actors.engine.cuda.triton_attention import compile_paged_prefill
 from dynask.actors.engine.grammar.structured_output import LogitsMask, advance_grammars
@@ -56,6 +58,7 @@ class ModelRunner:
         self.device = device
         self.eos_token_ids = eos_token_ids
         self.graphs: DecodeGraphs | None = None
+        self.short_prefill: ShortPrefillGraph | None = None  # a cached prompt's last block
         self.grammar_mask = LogitsMask(model.config.vocab_size)  # structured outputs
         self.cuda_layout: CudaLayout | None = None
         num_blocks = spec.num_blocks
@@ -87,13 +90,21 @@ class ModelRunner:
             compile_paged_prefill(k_cache, v_cache, self.model.config.num_heads)
 
     def capture_decode_graphs(self, max_batch: int, max_model_len: int) -> None:
-        """Captures decode steps of up to ``max_batch`` rows (CUDA only)."""
+        """Captures decode steps of up to ``max_batch`` rows and the short prefill step of a
+        cached prompt's last block (CUDA only)."""
         if self.cuda_layout is None:
             raise ValueError(f"CUDA graphs need a CUDA device; this runner is on {self.device}")
         max_blocks = ceil_div(max_model_len, self.spec.block_size)
+        layout = self.cuda_layout
         with torch.inference_mode():
-            self.graphs = DecodeGraphs(
-                self.model, self.kv_caches, self.cuda_layout, max_batch, max_blocks
+            self.graphs = DecodeGraphs(self.model, self.kv_caches, layout, max_batch, max_blocks)
+            self.short_prefill = ShortPrefillGraph(
+                self.model,
+                self.kv_caches,
+                layout.group,
+                layout.scratch_slot,
+                max_blocks,
+                torch.cuda.graph_pool_handle(),
             )
 
     @torch.inference_mode()
@@ -241,6 +252,9 @@ class ModelRunner:
             and graphs.bucket_for(len(ordered))
         ):
             return graphs.replay(plan.rows, plan.decode_tables)  # every row samples
+        short = self.short_prefill
+        if short is not None and short.fits(plan, all_sample):
+            return short.replay(plan)
         if self.cuda_layout is not None:
             inputs = build_cuda_inputs(plan, self.cuda_layout, self.device)
             input_ids, positions, meta = inputs.input_ids, inputs.positions, inputs.meta

@@ -6,12 +6,17 @@ projections are fused (q|k|v and gate|up) to halve the matmul count per layer; t
 all sequences in a step are flattened into one ``[tokens, hidden]`` batch. Each layer
 hands the next its MLP output and the residual apart, so that the residual add and the
 next RMSNorm are one op (``fused_ops``: one kernel each on CUDA, plain torch on a CPU).
-At small batch on CUDA every projection but the LM head goes through ``skinny_matmul``
-(cuBLAS or a Triton kernel, whichever its timing found faster; the Triton kernel takes
-the add + RMSNorm in front of q|k|v and gate|up, and the SiLU·mul in front of down).
+
+Opt-in (``use_skinny_projections``, ``EngineConfig.unverified_cuda_kernels``; built, not
+yet run on a GPU): at small batch on CUDA every projection but the LM head goes through
+``skinny_matmul`` (cuBLAS or a Triton kernel, whichever its timing found faster; the
+Triton kernel takes the add + RMSNorm in front of q|k|v and gate|up, and the SiLU·mul in
+front of down). Off, the default, each layer runs the ops of before, unchanged.
 """
 
 from __future__ import annotations
+
+from typing import cast
 
 import torch
 from torch import nn
@@ -40,7 +45,7 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None, layer: nn.Linear
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(layer(norm(x + residual)), x + residual)``; at small batch on CUDA the norm
-        may run inside the matmul (``skinny_matmul.norm_linear``)."""
+        may run inside the matmul (``skinny_matmul.norm_linear``; opt-in)."""
         return skinny_matmul.norm_linear(x, residual, self.weight, self.eps, layer)
 
 
@@ -90,14 +95,26 @@ class Attention(nn.Module):
 
     def forward(
         self,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        rotary: RotaryEmbedding,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        out = self.attend(self.qkv_proj(hidden), positions, rotary, kv_cache, meta)
+        projected: torch.Tensor = self.o_proj(out.reshape(num_tokens, self.q_size))
+        return projected
+
+    def attend(
+        self,
         qkv: torch.Tensor,
         positions: torch.Tensor,
         rotary: RotaryEmbedding,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        """Attention from the fused q|k|v projection ``qkv`` (the layer computes it, with
-        the norm in front), through the output projection."""
+        """Attention ``[tokens, heads, dim]`` from the fused q|k|v projection's output."""
         num_tokens = qkv.shape[0]
         fused = self.q_norm is None and fused_ops.can_fuse_rotary(qkv, self.head_dim)
         if fused:  # RoPE in place in qkv, k and v into the cache: one kernel
@@ -113,10 +130,9 @@ class Attention(nn.Module):
             if self.q_norm is not None and self.k_norm is not None:
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k = rotary(q, k, positions)
-        out = paged_attention(
+        return paged_attention(
             q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, not fused, self.window
         )
-        return skinny_matmul.linear(out.reshape(num_tokens, self.q_size), self.o_proj)
 
 
 class MLP(nn.Module):
@@ -130,9 +146,12 @@ class MLP(nn.Module):
             config.intermediate_size, config.hidden_size, bias=config.mlp_bias
         )
 
-    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """The down projection of the fused gate|up output (the layer computes that, with
-        the norm in front)."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        down: torch.Tensor = self.down_proj(fused_ops.silu_and_mul(self.gate_up_proj(x)))
+        return down
+
+    def gated_down(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """The down projection of the fused gate|up output, SiLU·mul maybe fused (opt-in)."""
         return skinny_matmul.gated_linear(gate_up, self.down_proj)
 
 
@@ -143,6 +162,7 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(config, window)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
+        self.skinny_projections = False  # opt-in: CausalLM.use_skinny_projections
 
     def forward(
         self,
@@ -155,15 +175,32 @@ class DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``hidden`` is the previous layer's MLP output (the embeddings for the first
         layer, with ``residual`` None); returns this layer's MLP output and residual."""
-        qkv, residual = self.input_layernorm.add_norm_linear(
-            hidden, residual, self.self_attn.qkv_proj
-        )
-        attn_out: torch.Tensor = self.self_attn(qkv, positions, rotary, kv_cache, meta)
+        if self.skinny_projections:
+            return self._skinny_forward(hidden, residual, positions, rotary, kv_cache, meta)
+        normed, residual = self.input_layernorm.add_norm(hidden, residual)
+        attn_out = self.self_attn(normed, positions, rotary, kv_cache, meta)
+        normed, residual = self.post_attention_layernorm.add_norm(attn_out, residual)
+        mlp_out: torch.Tensor = self.mlp(normed)
+        return mlp_out, residual
+
+    def _skinny_forward(
+        self,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        positions: torch.Tensor,
+        rotary: RotaryEmbedding,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward`` with every projection through ``skinny_matmul`` (opt-in)."""
+        attn = self.self_attn
+        qkv, residual = self.input_layernorm.add_norm_linear(hidden, residual, attn.qkv_proj)
+        attended = attn.attend(qkv, positions, rotary, kv_cache, meta)
+        attn_out = skinny_matmul.linear(attended.reshape(qkv.shape[0], attn.q_size), attn.o_proj)
         gate_up, residual = self.post_attention_layernorm.add_norm_linear(
             attn_out, residual, self.mlp.gate_up_proj
         )
-        mlp_out: torch.Tensor = self.mlp(gate_up)
-        return mlp_out, residual
+        return self.mlp.gated_down(gate_up), residual
 
 
 class CausalLM(nn.Module):
@@ -180,6 +217,12 @@ class CausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+
+    def use_skinny_projections(self) -> None:
+        """Opts in to the skinny fused projections (``skinny_matmul``; built, not yet run on
+        a GPU: ``EngineConfig.unverified_cuda_kernels``). Only the model's runner calls it."""
+        for layer in self.layers:
+            cast(DecoderLayer, layer).skinny_projections = True
 
     def forward(
         self,

@@ -20,14 +20,15 @@ bound by reading the weights, so:
   (3%). During CUDA-graph capture nothing is timed: an undecided shape takes the unfused
   ops (the runner's warm-up before each capture decides it first).
 * Only bf16/fp16 weights on CUDA, rows <= ``MAX_ROWS``: float32 (the HF-equality tests)
-  and the CPU keep the plain torch ops, bit for bit as before. ``DYNASK_SKINNY_MATMUL=0``
-  turns it off.
+  and the CPU keep the plain torch ops, bit for bit as before.
+* Opt-in: the model calls these functions only after ``CausalLM.use_skinny_projections``
+  (``EngineConfig.unverified_cuda_kernels``, ``--unverified-cuda-kernels``), since the
+  kernels are built but not yet run on a GPU; off, the model runs the ops of before.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -74,10 +75,6 @@ def candidates(rows: int) -> tuple[Tile, ...]:
 
 
 _choices: dict[tuple[object, ...], Tile | None] = {}
-
-
-def enabled() -> bool:
-    return os.environ.get("DYNASK_SKINNY_MATMUL", "1") != "0"
 
 
 @dataclass(frozen=True)
@@ -221,8 +218,7 @@ def _tile_for(
     weight = layer.weight
     rows = x.shape[0] if x.dim() == 2 else 0
     if (
-        not enabled()
-        or x.device.type != "cuda"
+        x.device.type != "cuda"
         or x.dtype not in _DTYPES
         or weight.dtype != x.dtype
         or not 1 <= rows <= MAX_ROWS

@@ -14,11 +14,13 @@ Design decisions:
   programs (flash-decoding) when the batch alone cannot fill the GPU, then merges the
   partial softmaxes in a second small kernel. The split count is fixed per call, so a
   CUDA graph captured for a batch size keeps it.
-* Prefill tiles split their keys the same way when the tiles alone leave most of the
-  GPU idle (``prefill_splits``): a prompt whose prefix is cached recomputes one block
-  after thousands of cached keys, one tile per KV head (8 programs for Llama-3.1-8B,
-  each walking every key) unless split. The split count is a runtime argument, so one
-  compiled kernel serves every count; ``prefill_merge_kernel`` combines the partials.
+* Opt-in (``EngineConfig.unverified_cuda_kernels``; built, not yet run on a GPU): prefill
+  tiles split their keys the same way when the tiles alone leave most of the GPU idle
+  (``prefill_splits``): a prompt whose prefix is cached recomputes one block after
+  thousands of cached keys, one tile per KV head (8 programs for Llama-3.1-8B, each
+  walking every key) unless split. ``paged_prefill_split`` launches
+  ``triton_prefill_split``'s kernel (the split count a runtime argument: one compile for
+  every count) and its merge; ``paged_prefill`` launches the kernel of before, unchanged.
 * Sliding windows (Mistral, windowed Qwen2 layers) are a compile-time ``WINDOW``: a query
   at position p sees keys p - WINDOW + 1 .. p; decode rows and prefill tiles start their
   key loop at the first visible key, so a window also bounds the KV read.
@@ -27,8 +29,9 @@ Design decisions:
 * float32 caches use exact (IEEE) dot products; bf16/fp16 accumulate in float32 and feed
   the P·V product in the cache dtype, as flash attention does.
 
-Triton is imported lazily (``load_kernels`` → ``triton_kernels``): the CPU install does
-not need it.
+Triton is imported lazily (``load_kernels`` → ``triton_kernels``,
+``load_split_prefill_kernels`` → ``triton_prefill_split``): the CPU install does not need
+it, and an engine that did not opt in never compiles the split kernels.
 """
 
 from __future__ import annotations
@@ -54,6 +57,11 @@ def next_power_of_2(n: int) -> int:
 def load_kernels() -> Any:
     """The kernel module, compiled on first use; raises ImportError without Triton."""
     return importlib.import_module("dynask.actors.engine.cuda.triton_kernels")
+
+
+def load_split_prefill_kernels() -> Any:
+    """The opt-in split prefill kernels, compiled on first use (ImportError without Triton)."""
+    return importlib.import_module("dynask.actors.engine.cuda.triton_prefill_split")
 
 
 def decode_splits(num_rows: int, num_kv_heads: int, num_sms: int) -> int:
@@ -127,13 +135,16 @@ def paged_decode(
 
 
 def prefill_tiles(
-    chunk_rows: list[tuple[int, int, int]], group: int, device: torch.device
+    chunk_rows: list[tuple[int, int, int]],
+    group: int,
+    device: torch.device,
+    pinned: bool = False,
 ) -> torch.Tensor:
     """``[4, tiles]`` int32 (chunk, first query row, query count, first position).
 
     ``chunk_rows`` holds per prefill chunk (first row in q, token count, cached tokens).
-    The host tensor is pinned: a pageable copy would wait for the work on the stream (a
-    decode step in flight under asynchronous scheduling).
+    ``pinned`` (opt-in with the split kernels, CUDA): the host tensor is pinned, since a
+    pageable copy waits for the work on the stream (a decode step in flight).
     """
     per_tile = max(1, PREFILL_BLOCK_M // group)
     columns: list[tuple[int, int, int, int]] = []
@@ -141,7 +152,7 @@ def prefill_tiles(
         for offset in range(0, count, per_tile):
             columns.append((chunk, start + offset, min(per_tile, count - offset), cached + offset))
     host = torch.tensor(columns, dtype=torch.int32).t().contiguous()
-    if device.type == "cuda":
+    if pinned and device.type == "cuda":
         host = host.pin_memory()
     return host.to(device, non_blocking=True)
 
@@ -153,7 +164,7 @@ def num_prefill_tiles(chunk_rows: list[tuple[int, int, int]], group: int) -> int
 
 
 def prefill_splits(num_tiles: int, num_kv_heads: int, num_sms: int, max_keys: int) -> int:
-    """Key splits per prefill tile: one unless the tiles alone leave most of the GPU idle.
+    """Key splits per prefill tile (opt-in): one unless the tiles leave most of the GPU idle.
 
     A short chunk after a long cached prefix (a prompt whose prefix is cached recomputes
     its last block: 16 tokens after 4,080 on a 4,096-token prompt) is one tile per KV head,
@@ -181,41 +192,26 @@ def paged_prefill(
     tiles: torch.Tensor,
     scale: float,
     window: int | None = None,
-    num_splits: int = 1,
-    partials: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Causal attention of prefill chunks over their cached prefix plus themselves (with
-    a sliding ``window``: over the last ``window`` positions of each query).
-
-    ``num_splits > 1`` shares each tile's keys out over that many programs and merges
-    their partial softmaxes in a second kernel; ``partials`` (``prefill_partials``) is
-    their scratch, allocated here when not given.
-    """
+    a sliding ``window``: over the last ``window`` positions of each query)."""
     kernels = load_kernels()
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     group = num_heads // num_kv_heads
-    block_m = prefill_block_m(group)
+    block_m = PREFILL_BLOCK_M if group <= PREFILL_BLOCK_M else next_power_of_2(group)
     num_tiles = tiles.shape[1]
-    part_acc = part_ml = out  # unused placeholders when not split
-    if num_splits > 1:
-        part_acc, part_ml = partials or prefill_partials(
-            num_tiles, num_kv_heads, num_splits, block_m, head_dim, q.device
-        )
-    kernels.prefill_kernel[(num_tiles, num_kv_heads, num_splits)](
+    kernels.prefill_kernel[(num_tiles, num_kv_heads)](
         q,
         k_cache,
         v_cache,
         out,
-        part_acc,
-        part_ml,
         block_tables,
         tiles,
         num_tiles,
         q.stride(0),
         block_tables.stride(0),
         scale * LOG2E,
-        num_splits,
         NUM_HEADS=num_heads,
         NUM_KV_HEADS=num_kv_heads,
         GROUP=group,
@@ -228,21 +224,46 @@ def paged_prefill(
         num_warps=4,
         num_stages=2,
     )
-    if num_splits > 1:
-        kernels.prefill_merge_kernel[(num_tiles, num_kv_heads)](
-            out,
-            part_acc,
-            part_ml,
-            tiles,
-            num_tiles,
-            num_splits,
-            NUM_HEADS=num_heads,
-            NUM_KV_HEADS=num_kv_heads,
-            GROUP=group,
-            HEAD_DIM=head_dim,
-            BLOCK_M=block_m,
-            num_warps=4,
-        )
+
+
+def paged_prefill_split(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    block_tables: torch.Tensor,
+    tiles: torch.Tensor,
+    scale: float,
+    window: int | None,
+    num_splits: int,
+    partials: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> None:
+    """``paged_prefill`` with each tile's keys shared out over ``num_splits`` (>= 2)
+    programs, their partial softmaxes merged by a second kernel (opt-in, not yet run on a
+    GPU); ``partials`` (``prefill_partials``) is their scratch, made here when not given."""
+    if num_splits < 2:
+        raise ValueError(f"paged_prefill_split 'num_splits' has value {num_splits}; expected >= 2")
+    kernels = load_split_prefill_kernels()
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    group = num_heads // num_kv_heads
+    block_m = prefill_block_m(group)
+    num_tiles = tiles.shape[1]
+    part_acc, part_ml = partials or prefill_partials(
+        num_tiles, num_kv_heads, num_splits, block_m, head_dim, q.device
+    )
+    kernels.split_prefill_kernel[(num_tiles, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, part_acc, part_ml, block_tables, tiles, num_tiles, q.stride(0),
+        block_tables.stride(0), scale * LOG2E, num_splits, NUM_KV_HEADS=num_kv_heads,
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_M=block_m,
+        BLOCK_N=PREFILL_BLOCK_N, IEEE=q.dtype == torch.float32, WINDOW=window or 0,
+        num_warps=4, num_stages=2,
+    )  # fmt: skip
+    kernels.prefill_merge_kernel[(num_tiles, num_kv_heads)](
+        out, part_acc, part_ml, tiles, num_tiles, num_splits, NUM_HEADS=num_heads,
+        NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m,
+        num_warps=4,
+    )  # fmt: skip
 
 
 def prefill_block_m(group: int) -> int:
@@ -264,15 +285,23 @@ def prefill_partials(
 
 
 def compile_paged_prefill(k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int) -> None:
-    """Runs the prefill kernels once on a one-token chunk, so that they compile at start-up.
+    """Runs the prefill kernel once on a one-token chunk, so that it compiles at start-up.
 
     Otherwise the first step that continues a cached prefix pays the compile (~0.7 s on
-    an H200) in the middle of serving. Reads block 0 and writes a scratch output only;
-    the split run compiles the merge kernel (its second split has no key).
+    an H200) in the middle of serving. Reads block 0 and writes a scratch output only.
     """
     device = k_cache.device
     q = torch.zeros((1, num_heads, k_cache.shape[3]), dtype=k_cache.dtype, device=device)
     tables = torch.zeros((1, 1), dtype=torch.int32, device=device)
     tiles = prefill_tiles([(0, 1, 0)], num_heads // k_cache.shape[2], device)
-    for splits in (1, 2):
-        paged_prefill(q, k_cache, v_cache, torch.empty_like(q), tables, tiles, 1.0, None, splits)
+    paged_prefill(q, k_cache, v_cache, torch.empty_like(q), tables, tiles, 1.0)
+
+
+def compile_split_prefill(k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int) -> None:
+    """``compile_paged_prefill`` for the opt-in split kernel and its merge (two splits, the
+    second with no key)."""
+    device = k_cache.device
+    q = torch.zeros((1, num_heads, k_cache.shape[3]), dtype=k_cache.dtype, device=device)
+    tables = torch.zeros((1, 1), dtype=torch.int32, device=device)
+    tiles = prefill_tiles([(0, 1, 0)], num_heads // k_cache.shape[2], device, pinned=True)
+    paged_prefill_split(q, k_cache, v_cache, torch.empty_like(q), tables, tiles, 1.0, None, 2)

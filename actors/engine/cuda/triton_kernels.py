@@ -175,7 +175,7 @@ def merge_kernel(
 
 
 @triton.jit(
-    do_not_specialize=["num_tiles", "q_stride", "table_stride", "num_splits"],
+    do_not_specialize=["num_tiles", "q_stride", "table_stride"],
     do_not_specialize_on_alignment=["tables_ptr", "tiles_ptr"],
 )
 def prefill_kernel(
@@ -183,15 +183,12 @@ def prefill_kernel(
     k_ptr,
     v_ptr,
     out_ptr,
-    part_acc_ptr,
-    part_ml_ptr,
     tables_ptr,
     tiles_ptr,
     num_tiles,
     q_stride,
     table_stride,
     scale_log2,
-    num_splits,
     NUM_HEADS: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
@@ -204,7 +201,6 @@ def prefill_kernel(
 ):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
-    split = tl.program_id(2)
     seq = tl.load(tiles_ptr + tile)
     q_start = tl.load(tiles_ptr + num_tiles + tile)
     q_len = tl.load(tiles_ptr + 2 * num_tiles + tile)
@@ -217,17 +213,13 @@ def prefill_kernel(
     q_row = (q_start + tok).to(tl.int64)
     q_offs = (q_row * q_stride + head * HEAD_DIM)[:, None] + dims[None, :]
     q = tl.load(q_ptr + q_offs, mask=r_ok[:, None], other=0.0)
+    out_offs = ((q_row * NUM_HEADS + head) * HEAD_DIM)[:, None] + dims[None, :]
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     first = 0  # the first key any query of the tile sees
     if WINDOW > 0:
         first = tl.maximum(q_pos - WINDOW + 1, 0)
-    # The tile's keys first .. q_pos + q_len - 1, shared out over the splits in whole key
-    # tiles (a split past the end gets none and leaves m = -inf, l = 0).
-    chunk = tl.cdiv(tl.cdiv(q_pos + q_len - first, num_splits), BLOCK_N) * BLOCK_N
-    lo = first + split * chunk
-    hi = tl.minimum(q_pos + q_len, lo + chunk)
     m_i, l_i, acc = attend(
         q,
         m_i,
@@ -236,8 +228,8 @@ def prefill_kernel(
         k_ptr,
         v_ptr,
         tables_ptr + seq * table_stride,
-        lo,
-        hi,
+        first,
+        q_pos + q_len,
         kv_head,
         q_pos + tok,
         dims,
@@ -249,63 +241,7 @@ def prefill_kernel(
         IEEE,
         WINDOW,
     )
-    if num_splits == 1:
-        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        out_offs = ((q_row * NUM_HEADS + head) * HEAD_DIM)[:, None] + dims[None, :]
-        tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=r_ok[:, None])
-    else:
-        part = ((tile * NUM_KV_HEADS + kv_head) * num_splits + split).to(tl.int64) * BLOCK_M + r
-        tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc)
-        tl.store(part_ml_ptr + part * 2, m_i)
-        tl.store(part_ml_ptr + part * 2 + 1, l_i)
-
-
-@triton.jit(
-    do_not_specialize=["num_tiles", "num_splits"],
-    do_not_specialize_on_alignment=["tiles_ptr"],
-)
-def prefill_merge_kernel(
-    out_ptr,
-    part_acc_ptr,
-    part_ml_ptr,
-    tiles_ptr,
-    num_tiles,
-    num_splits,
-    NUM_HEADS: tl.constexpr,
-    NUM_KV_HEADS: tl.constexpr,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-):
-    # Combines the splits' partial softmaxes of one tile (rows as in prefill_kernel).
-    tile = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    q_start = tl.load(tiles_ptr + num_tiles + tile)
-    q_len = tl.load(tiles_ptr + 2 * num_tiles + tile)
-    r = tl.arange(0, BLOCK_M)
-    tok = r // GROUP
-    r_ok = tok < q_len
-    head = kv_head * GROUP + r % GROUP
-    dims = tl.arange(0, HEAD_DIM)
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_sum = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    base = (tile * NUM_KV_HEADS + kv_head).to(tl.int64) * num_splits
-    for split in range(num_splits):
-        part = (base + split) * BLOCK_M + r
-        m_part = tl.load(part_ml_ptr + part * 2)
-        l_part = tl.load(part_ml_ptr + part * 2 + 1)
-        m_new = tl.maximum(m, m_part)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m - m_safe)
-        beta = tl.exp2(m_part - m_safe)
-        acc_part = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :])
-        acc = acc * alpha[:, None] + acc_part * beta[:, None]
-        l_sum = l_sum * alpha + l_part * beta
-        m = m_new
-    out = acc / tl.where(l_sum == 0.0, 1.0, l_sum)[:, None]
-    q_row = (q_start + tok).to(tl.int64)
-    out_offs = ((q_row * NUM_HEADS + head) * HEAD_DIM)[:, None] + dims[None, :]
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=r_ok[:, None])
 
 

@@ -147,7 +147,7 @@ def test_prefill_after_cached_prefix_matches_reference(
     group = heads // kv_heads
     tiles = triton_attention.prefill_tiles(chunks, group, device)
 
-    triton_attention.paged_prefill(
+    _paged_prefill(
         q, k_cache, v_cache, out, tables.to(device, torch.int32), tiles, dim**-0.5, window, splits
     )
 
@@ -184,7 +184,7 @@ def test_short_chunk_after_a_long_prefix_in_bfloat16(splits) -> None:
     out = torch.full_like(q, float("nan"))
     tiles = triton_attention.prefill_tiles([(0, count, cached)], heads // kv_heads, device)
 
-    triton_attention.paged_prefill(
+    _paged_prefill(
         q, k_cache, v_cache, out, table.view(1, -1).to(device, torch.int32), tiles,
         dim**-0.5, None, splits,
     )  # fmt: skip
@@ -194,11 +194,37 @@ def test_short_chunk_after_a_long_prefix_in_bfloat16(splits) -> None:
     torch.testing.assert_close(out.double().cpu(), expected.cpu(), atol=2e-2, rtol=2e-2)
 
 
+def _paged_prefill(q, k_cache, v_cache, out, tables, tiles, scale, window, splits) -> None:
+    # One split: the kernel of before; more: the opt-in split kernel and its merge.
+    if splits == 1:
+        triton_attention.paged_prefill(q, k_cache, v_cache, out, tables, tiles, scale, window)
+    else:
+        triton_attention.paged_prefill_split(
+            q, k_cache, v_cache, out, tables, tiles, scale, window, splits
+        )
+
+
+def test_a_split_launch_needs_two_splits_at_least() -> None:
+    q = torch.zeros((1, 4, 32))
+    with pytest.raises(ValueError, match="'num_splits' has value 1; expected >= 2"):
+        triton_attention.paged_prefill_split(q, q, q, q, q, q, 1.0, None, 1)
+
+
 def test_start_up_compile_runs_the_prefill_kernel_on_block_zero() -> None:
     device = _kernel_device()
     k_cache, v_cache = _cache(2, 16, 2, 32, torch.float32, device, seed=5)
     before = (k_cache.clone(), v_cache.clone())
 
     triton_attention.compile_paged_prefill(k_cache, v_cache, num_heads=4)
+
+    assert torch.equal(k_cache, before[0]) and torch.equal(v_cache, before[1])
+
+
+def test_start_up_compile_of_the_split_kernels_reads_the_cache_only() -> None:
+    device = _kernel_device()
+    k_cache, v_cache = _cache(2, 16, 2, 32, torch.float32, device, seed=5)
+    before = (k_cache.clone(), v_cache.clone())
+
+    triton_attention.compile_split_prefill(k_cache, v_cache, num_heads=4)
 
     assert torch.equal(k_cache, before[0]) and torch.equal(v_cache, before[1])

@@ -1,35 +1,31 @@
 #!/usr/bin/env bash
-# Issue 19's prefill part on the H200 in one device call, from the repository root, with
-# the tree of the base commit unpacked under BASE (`git archive COMMIT | tar x -C BASE`):
-#   bash bench/h200_prefill.sh BASE
-# 1. the kernel tests; 2. bench/h200_compare.sh (base, then this tree): prefill tok/s of
-# 512 and 8,192 tokens and the 4,096-token TTFT cold and cached, batch 1 only; 3. the
-# engine tests on CUDA in float32 that cover prefill (HF equality, sliding windows, the
-# prefix cache, CUDA graphs); 4. bench.engine.prefill_probe (kernels and profiles).
-# What comes back ($OUT, 8 files): tests.log, compare.log, prefill-{base,new}.json,
-# probe.json, probe.log and the probe's two profile tables.
+# Issue 19's prefill part on the H200 (prefill key splits, cuDNN for long lone chunks, the
+# short-prefill graph; opt-in with --unverified-cuda-kernels) in one device call, from
+# the repository root with .devcarry/:
+#   bash bench/h200_prefill.sh
+# 1. the kernel tests on CUDA (the paged kernels split and not, the step's inputs, the
+# opt-in switch); 2. same-run comparison in this tree, opt-in off then on
+# (bench/h200_optin.sh): prefill tok/s of 512 and 8,192 tokens and the 4,096-token TTFT
+# cold and cached, batch 1 only; 3. the engine tests on CUDA in float32 that cover
+# prefill (HF equality, sliding windows, the prefix cache, CUDA graphs with the short
+# prefill graph); 4. bench.engine.prefill_probe (kernels and profiles, opted in).
+# What comes back ($OUT, 7 files): tests.log, prefill.json, prefill.log, probe.json,
+# probe.log and the probe's two profile tables.
 set -uo pipefail
-base=${1:-base}
 OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT" /tmp/cmp
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-    .devcarry/whl/*.whl || exit 1
-mkdir -p /tmp/ns/dynask
-for d in kv actors control_plane web migrations; do ln -sfn "$PWD/$d" /tmp/ns/dynask/$d; done
+mkdir -p "$OUT"
+bash bench/h200.sh setup > /tmp/setup.log 2>&1 || { cat /tmp/setup.log; exit 1; }
 export PYTHONPATH=/tmp/ns:$PWD:/tmp/site PYTHONUNBUFFERED=1
 export DYNASK_TEST_TOKENIZER=$PWD/.devcarry/tokenizer DYNASK_CACHE_DIR=/tmp/dynask-cache
-{ nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
-  python3 -c 'import torch, triton; print(torch.__version__, triton.__version__, torch.backends.cudnn.version())'
+{ cat /tmp/setup.log; python3 -c 'import torch; print("cudnn", torch.backends.cudnn.version())'
   date -u; } 2>&1 | tee "$OUT/tests.log"
 
-timeout 60 python3 -m pytest -q -p no:cacheprovider tests/actors/engine/test_paged_kernels.py \
-    tests/actors/engine/test_cuda_step.py tests/actors/engine/test_fused_ops.py 2>&1 \
-    | tail -n 15 | tee -a "$OUT/tests.log"
+timeout 90 python3 -m pytest -q -p no:cacheprovider tests/actors/engine/test_paged_kernels.py \
+    tests/actors/engine/test_cuda_step.py tests/actors/engine/test_fused_ops.py \
+    tests/actors/engine/test_unverified_cuda_kernels.py 2>&1 | tail -n 15 | tee -a "$OUT/tests.log"
 
-BATCHES=1 TAG=prefill OUT=/tmp/cmp EXTRA="--new-tokens 16 --prefill-lens 512,8192 \
---ttft-prompt-len 4096 --ttft-trials 3 --max-num-seqs 4" timeout 200 bash bench/h200_compare.sh "$base"
-cat /tmp/cmp/compare-prefill-base.log /tmp/cmp/compare-prefill-new.log > "$OUT/compare.log"
-cp /tmp/cmp/prefill-base.json /tmp/cmp/prefill-new.json "$OUT/" 2>/dev/null
+TAG=prefill BATCHES=1 SIDE_TIMEOUT=100 EXTRA="--new-tokens 16 --prefill-lens 512,8192 \
+--ttft-prompt-len 4096 --ttft-trials 3 --max-num-seqs 4" bash bench/h200_optin.sh
 
 DYNASK_TEST_DEVICE=cuda timeout 110 python3 -m pytest -q -p no:cacheprovider -m "not slow" \
     tests/actors/engine/test_hf_equivalence.py tests/actors/engine/test_sliding_window.py \

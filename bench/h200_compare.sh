@@ -6,7 +6,8 @@
 #   bash bench/h200_compare.sh BASE [throughput|mixed]
 # throughput: bench.engine.throughput at batches 1,64,256 (a base from before bench/ became
 # a package runs its bench/engine.py); mixed: bench.engine.mixed_load at 64 clients.
-# EXTRA adds arguments to both sides; TAG names the output files (default: the mode).
+# EXTRA adds arguments to both sides; TAG names the output files (default: the mode);
+# SIDE_TIMEOUT bounds each side (default 150 s).
 set -uo pipefail
 base=${1:-base}
 what=${2:-throughput}
@@ -26,9 +27,9 @@ else
     base_module=("${module[@]}")
 fi
 args+=(${EXTRA:-})  # more arguments for both sides (the last of a flag wins)
-(cd "$base" && PYTHONPATH=/tmp/nsb:$PWD:/tmp/site timeout 150 python3 "${base_module[@]}" \
+(cd "$base" && PYTHONPATH=/tmp/nsb:$PWD:/tmp/site timeout ${SIDE_TIMEOUT:-150} python3 "${base_module[@]}" \
     "${args[@]}" --tokenizer ../.devcarry/tokenizer --out "$OUT/${TAG:-$what}-base.json" 2>&1 \
     | grep -v "triton compile" | tail -n 34 | tee "$OUT/compare-${TAG:-$what}-base.log")
-PYTHONPATH=/tmp/ns:$PWD:/tmp/site timeout 150 python3 "${module[@]}" "${args[@]}" \
+PYTHONPATH=/tmp/ns:$PWD:/tmp/site timeout ${SIDE_TIMEOUT:-150} python3 "${module[@]}" "${args[@]}" \
     --tokenizer .devcarry/tokenizer --out "$OUT/${TAG:-$what}-new.json" 2>&1 \
     | grep -v "triton compile" | tail -n 34 | tee "$OUT/compare-${TAG:-$what}-new.log"

@@ -14,7 +14,10 @@ chunks with a cached prefix another. Its tensors are int32 and fixed-shape per b
 size, so a decode step can be captured in a CUDA graph and replayed.
 
 Both: a chunk with no cached prefix attends straight to its own fresh keys with SDPA
-(flash attention on a GPU), skipping the cache.
+(flash attention on a GPU), skipping the cache. With the opt-in
+``AttentionMetadata.unverified_cuda_kernels`` (``EngineConfig.unverified_cuda_kernels``:
+built, not yet run on a GPU) a long bf16/fp16 chunk goes to cuDNN's SDPA, and a chunk that
+is the step's only work returns its SDPA output as the step's (no copy).
 
 Sliding windows (Mistral, windowed Qwen2 layers): a layer's ``window`` W lets a token see
 the last W positions, itself included, as transformers does. The CPU path masks the rest
@@ -26,6 +29,8 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -93,6 +98,25 @@ class PagedPrefill:
 
     block_tables: torch.Tensor  # [chunks, max_blocks] int32
     tiles: torch.Tensor  # [4, tiles] int32, see triton_attention.prefill_tiles
+    # Key splits per tile (triton_attention.prefill_splits); > 1 only with the opt-in
+    # split kernel (EngineConfig.unverified_cuda_kernels), 1: the kernel of before.
+    num_splits: int = 1
+    # The split launch's scratch, made by the first layer and reused by the others (one
+    # stream: a layer's merge has read it before the next layer's kernel writes it).
+    _partials: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def partials(self, q: torch.Tensor, num_kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._partials is None:
+            group = q.shape[1] // num_kv_heads
+            self._partials = triton_attention.prefill_partials(
+                self.tiles.shape[1],
+                num_kv_heads,
+                self.num_splits,
+                triton_attention.prefill_block_m(group),
+                q.shape[2],
+                q.device,
+            )
+        return self._partials
 
 
 @dataclass
@@ -104,6 +128,9 @@ class AttentionMetadata:
     prefills: list[PrefillChunk] = field(default_factory=list)  # CUDA: uncached ones only
     paged_decode: PagedDecode | None = None
     paged_prefill: PagedPrefill | None = None
+    # CUDA, opt-in (EngineConfig.unverified_cuda_kernels, built, not yet run on a GPU):
+    # cuDNN for a long lone chunk, a lone chunk's SDPA output returned uncopied.
+    unverified_cuda_kernels: bool = False
 
 
 def write_kv(
@@ -136,6 +163,12 @@ def paged_attention(
     """
     if store_kv:
         write_kv(k_cache, v_cache, k.to(k_cache.dtype), v.to(v_cache.dtype), meta.slot_mapping)
+    opt_in = meta.unverified_cuda_kernels
+    if opt_in and q.device.type == "cuda" and _one_chunk_only(meta, q.shape[0]):
+        # A lone prompt chunk (CUDA keeps q and the cache in one dtype): SDPA's output is
+        # the step's, no copy into a fresh tensor.
+        chunk = meta.prefills[0]
+        return _prefill_attention(q, k, v, k_cache, v_cache, chunk, scale, window, cudnn=True)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if meta.paged_decode is not None:
         paged = meta.paged_decode
@@ -153,9 +186,15 @@ def paged_attention(
         )
     if meta.paged_prefill is not None:
         chunks = meta.paged_prefill
-        triton_attention.paged_prefill(
-            q, k_cache, v_cache, out, chunks.block_tables, chunks.tiles, scale, window
-        )
+        if chunks.num_splits > 1:  # opt-in: the split kernel and its merge
+            triton_attention.paged_prefill_split(
+                q, k_cache, v_cache, out, chunks.block_tables, chunks.tiles, scale, window,
+                chunks.num_splits, chunks.partials(q, k_cache.shape[2]),
+            )  # fmt: skip
+        else:
+            triton_attention.paged_prefill(
+                q, k_cache, v_cache, out, chunks.block_tables, chunks.tiles, scale, window
+            )
     if k_cache.dtype != q.dtype:  # a float32 cache under bf16 weights, on a CPU
         q, k, v = q.to(k_cache.dtype), k.to(k_cache.dtype), v.to(k_cache.dtype)
     if meta.decode is not None:
@@ -165,9 +204,18 @@ def paged_attention(
         )
     for chunk in meta.prefills:
         out[chunk.start : chunk.end] = _prefill_attention(
-            q, k, v, k_cache, v_cache, chunk, scale, window
+            q, k, v, k_cache, v_cache, chunk, scale, window, cudnn=opt_in
         )
     return out
+
+
+def _one_chunk_only(meta: AttentionMetadata, num_tokens: int) -> bool:
+    """Whether the step is one prefill chunk covering every token, attended by SDPA."""
+    others = (meta.decode, meta.paged_decode, meta.paged_prefill)
+    if any(part is not None for part in others) or len(meta.prefills) != 1:
+        return False
+    chunk = meta.prefills[0]
+    return chunk.block_table is None and chunk.start == 0 and chunk.end == num_tokens
 
 
 def _decode_attention(
@@ -196,7 +244,9 @@ def _prefill_attention(
     chunk: PrefillChunk,
     scale: float,
     window: int | None,
+    cudnn: bool = False,
 ) -> torch.Tensor:
+    """``cudnn``: a long fresh bf16/fp16 chunk may take cuDNN's SDPA (opt-in)."""
     queries = q[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0)
     num_new = chunk.end - chunk.start
     if window is not None and chunk.num_cached + num_new <= window:
@@ -210,7 +260,7 @@ def _prefill_attention(
                 queries, keys, values, attn_mask=mask, scale=scale, enable_gqa=True
             )
             return attended.squeeze(0).transpose(0, 1)
-        with _fresh_chunk_backends(q.device):
+        with _fresh_chunk_backends(q.device, num_new, q.dtype, cudnn):
             attended = F.scaled_dot_product_attention(
                 queries, keys, values, is_causal=True, scale=scale, enable_gqa=True
             )
@@ -226,19 +276,41 @@ def _prefill_attention(
     return attended.squeeze(0).transpose(0, 1)
 
 
-def _fresh_chunk_backends(device: torch.device) -> AbstractContextManager[None]:
-    """On CUDA: flash attention (else efficient/math), never cuDNN.
+def _fresh_chunk_backends(
+    device: torch.device, num_tokens: int, dtype: torch.dtype, cudnn: bool = False
+) -> AbstractContextManager[None]:
+    """On CUDA: flash attention (else efficient/math); with ``cudnn`` (opt-in, not yet run
+    on a GPU) cuDNN first for a long bf16/fp16 chunk.
 
     cuDNN's SDPA builds an execution plan per new shape and stride, ~0.8 ms of CPU per
     call; chunks of ever-new lengths at ever-new offsets in the step's q made mixed steps
-    of a 64-prompt batch take 0.9 s instead of 0.2 s on an H200.
+    of a 64-prompt batch take 0.9 s instead of 0.2 s on an H200. A chunk of
+    ``CUDNN_MIN_TOKENS`` or more pays that once per step (the layers share the plan) for
+    a faster kernel on Hopper (PyTorch's own default there since cuDNN 9.15.1, which
+    fixed lengths not a multiple of 128); with an older cuDNN it stays on flash.
     """
     if device.type != "cuda":
         return nullcontext()
+    if (
+        cudnn
+        and num_tokens >= CUDNN_MIN_TOKENS
+        and dtype in (torch.bfloat16, torch.float16)
+        and _cudnn_ok()
+    ):
+        return sdpa_kernel([SDPBackend.CUDNN_ATTENTION, *_GPU_SDPA_BACKENDS])
     return sdpa_kernel(_GPU_SDPA_BACKENDS)
 
 
 _GPU_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+CUDNN_MIN_TOKENS = 1024
+_CUDNN_FIXED = 91501  # cuDNN 9.15.1
+
+
+@cache
+def _cudnn_ok() -> bool:
+    cudnn: Any = torch.backends.cudnn
+    version = cudnn.version() if cudnn.is_available() else None
+    return version is not None and version >= _CUDNN_FIXED
 
 
 def gather_blocks(

@@ -26,6 +26,11 @@ class EngineConfig:
     (``cuda.overlap``); None, the default, turns it on for CUDA devices only.
     ``max_prefill_tokens_with_decodes`` caps the prefill tokens of a step that also has
     decode rows (chunked prefill that keeps inter-token latency smooth; None: no cap).
+    ``unverified_cuda_kernels`` opts in to CUDA paths that are built but not yet run on a
+    GPU (issue 19): the skinny fused projections at small batch (``cuda.skinny_matmul``),
+    key splits in the paged prefill kernel, cuDNN attention for a long lone chunk and the
+    short-prefill CUDA graph of a cached prompt's last block (``cuda.prefill_graph``).
+    Off, the default: the kernels and code paths of before, no extra compile or capture.
     ``kv_host_gb`` / ``kv_disk_gb`` (10^9 bytes; 0 = off) add the offload tiers below the
     KV cache (``actors.engine.kv_tiers``); disk blocks live under ``kv_disk_path``
     (default ``$DYNASK_CACHE_DIR/kv-blocks``), and only blocks used at least
@@ -47,6 +52,7 @@ class EngineConfig:
     decode_burst: int = 1  # greedy decode steps per host sync (1: off)
     async_scheduling: bool | None = None  # next decode step launched first (None: on CUDA)
     max_prefill_tokens_with_decodes: int | None = None  # None: prefill takes the budget
+    unverified_cuda_kernels: bool = False  # built, not yet run on a GPU (issue 19)
     seed: int = 0
     kv_host_gb: float = 0.0
     kv_disk_gb: float = 0.0

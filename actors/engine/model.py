@@ -6,15 +6,23 @@ projections are fused (q|k|v and gate|up) to halve the matmul count per layer; t
 all sequences in a step are flattened into one ``[tokens, hidden]`` batch. Each layer
 hands the next its MLP output and the residual apart, so that the residual add and the
 next RMSNorm are one op (``fused_ops``: one kernel each on CUDA, plain torch on a CPU).
+
+Opt-in (``use_skinny_projections``, ``EngineConfig.unverified_cuda_kernels``; built, not
+yet run on a GPU): at small batch on CUDA every projection but the LM head goes through
+``skinny_matmul`` (cuBLAS or a Triton kernel, whichever its timing found faster; the
+Triton kernel takes the add + RMSNorm in front of q|k|v and gate|up, and the SiLU·mul in
+front of down). Off, the default, each layer runs the ops of before, unchanged.
 """
 
 from __future__ import annotations
+
+from typing import cast
 
 import torch
 from torch import nn
 
 from dynask.actors.engine.attention import AttentionMetadata, paged_attention
-from dynask.actors.engine.cuda import fused_ops
+from dynask.actors.engine.cuda import fused_ops, skinny_matmul
 from dynask.actors.engine.model_config import ModelConfig
 
 
@@ -32,6 +40,13 @@ class RMSNorm(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(norm(x + residual), x + residual)`` (one kernel on CUDA)."""
         return fused_ops.add_rms_norm(x, residual, self.weight, self.eps)
+
+    def add_norm_linear(
+        self, x: torch.Tensor, residual: torch.Tensor | None, layer: nn.Linear
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(layer(norm(x + residual)), x + residual)``; at small batch on CUDA the norm
+        may run inside the matmul (``skinny_matmul.norm_linear``; opt-in)."""
+        return skinny_matmul.norm_linear(x, residual, self.weight, self.eps, layer)
 
 
 class RotaryEmbedding(nn.Module):
@@ -87,14 +102,27 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         num_tokens = hidden.shape[0]
-        qkv = self.qkv_proj(hidden)
+        out = self.attend(self.qkv_proj(hidden), positions, rotary, kv_cache, meta)
+        projected: torch.Tensor = self.o_proj(out.reshape(num_tokens, self.q_size))
+        return projected
+
+    def attend(
+        self,
+        qkv: torch.Tensor,
+        positions: torch.Tensor,
+        rotary: RotaryEmbedding,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Attention ``[tokens, heads, dim]`` from the fused q|k|v projection's output."""
+        num_tokens = qkv.shape[0]
         fused = self.q_norm is None and fused_ops.can_fuse_rotary(qkv, self.head_dim)
         if fused:  # RoPE in place in qkv, k and v into the cache: one kernel
             fused_ops.rotary_and_store(
                 qkv, positions, rotary.cos, rotary.sin, kv_cache, meta.slot_mapping,
                 self.num_heads, self.num_kv_heads,
             )  # fmt: skip
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = torch.split(qkv, [self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -102,11 +130,9 @@ class Attention(nn.Module):
             if self.q_norm is not None and self.k_norm is not None:
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k = rotary(q, k, positions)
-        out = paged_attention(
+        return paged_attention(
             q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, not fused, self.window
         )
-        projected: torch.Tensor = self.o_proj(out.reshape(num_tokens, self.q_size))
-        return projected
 
 
 class MLP(nn.Module):
@@ -124,6 +150,10 @@ class MLP(nn.Module):
         down: torch.Tensor = self.down_proj(fused_ops.silu_and_mul(self.gate_up_proj(x)))
         return down
 
+    def gated_down(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """The down projection of the fused gate|up output, SiLU·mul maybe fused (opt-in)."""
+        return skinny_matmul.gated_linear(gate_up, self.down_proj)
+
 
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, window: int | None = None) -> None:
@@ -132,6 +162,7 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(config, window)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
+        self.skinny_projections = False  # opt-in: CausalLM.use_skinny_projections
 
     def forward(
         self,
@@ -144,11 +175,32 @@ class DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``hidden`` is the previous layer's MLP output (the embeddings for the first
         layer, with ``residual`` None); returns this layer's MLP output and residual."""
+        if self.skinny_projections:
+            return self._skinny_forward(hidden, residual, positions, rotary, kv_cache, meta)
         normed, residual = self.input_layernorm.add_norm(hidden, residual)
         attn_out = self.self_attn(normed, positions, rotary, kv_cache, meta)
         normed, residual = self.post_attention_layernorm.add_norm(attn_out, residual)
         mlp_out: torch.Tensor = self.mlp(normed)
         return mlp_out, residual
+
+    def _skinny_forward(
+        self,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        positions: torch.Tensor,
+        rotary: RotaryEmbedding,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward`` with every projection through ``skinny_matmul`` (opt-in)."""
+        attn = self.self_attn
+        qkv, residual = self.input_layernorm.add_norm_linear(hidden, residual, attn.qkv_proj)
+        attended = attn.attend(qkv, positions, rotary, kv_cache, meta)
+        attn_out = skinny_matmul.linear(attended.reshape(qkv.shape[0], attn.q_size), attn.o_proj)
+        gate_up, residual = self.post_attention_layernorm.add_norm_linear(
+            attn_out, residual, self.mlp.gate_up_proj
+        )
+        return self.mlp.gated_down(gate_up), residual
 
 
 class CausalLM(nn.Module):
@@ -165,6 +217,12 @@ class CausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+
+    def use_skinny_projections(self) -> None:
+        """Opts in to the skinny fused projections (``skinny_matmul``; built, not yet run on
+        a GPU: ``EngineConfig.unverified_cuda_kernels``). Only the model's runner calls it."""
+        for layer in self.layers:
+            cast(DecoderLayer, layer).skinny_projections = True
 
     def forward(
         self,

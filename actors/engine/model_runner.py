@@ -6,8 +6,10 @@ sequence's pending tokens; a prefill chunk that stops mid-prompt samples nothing
 
 On CUDA the step's inputs come from ``cuda_step`` (paged kernels reading the cache in
 place); a decode-only step replays a CUDA graph when graphs were captured
-(``capture_decode_graphs``). The cache then has one extra scratch block past the pool's
-blocks, where padded graph rows write. Sampling runs where the logits are and hands back
+(``capture_decode_graphs``), and with the opt-in ``unverified_cuda_kernels`` (built, not
+yet run on a GPU) so does a cached prompt's short last chunk (``cuda.prefill_graph``).
+The cache then has one extra scratch block past the pool's blocks, where padded graph
+rows write. Sampling runs where the logits are and hands back
 the token ids with one device-to-host copy.
 """
 
@@ -18,8 +20,9 @@ from dataclasses import dataclass
 import torch
 
 from dynask.actors.engine.cuda.overlap import PendingTokens
+from dynask.actors.engine.cuda.prefill_graph import ShortPrefillGraph
 from dynask.actors.engine.cuda.step import CudaLayout, DecodeGraphs, build_cuda_inputs
-from dynask.actors.engine.cuda.triton_attention import compile_paged_prefill
+from dynask.actors.engine.cuda.triton_attention import compile_paged_prefill, compile_split_prefill
 from dynask.actors.engine.grammar.structured_output import LogitsMask, advance_grammars
 from dynask.actors.engine.logits.logprobs import compute_logprobs
 from dynask.actors.engine.logits.processing import process_logits
@@ -42,7 +45,12 @@ class KVCacheSpec:
 
 
 class ModelRunner:
-    """Owns the model and its KV cache tensors on one device."""
+    """Owns the model and its KV cache tensors on one device.
+
+    ``unverified_cuda_kernels`` (``EngineConfig``'s; CUDA only, built, not yet run on a
+    GPU) opts in to the skinny fused projections, the prefill key splits, cuDNN for long
+    lone chunks and the short-prefill graph; off, the kernels and paths of before.
+    """
 
     def __init__(
         self,
@@ -50,12 +58,14 @@ class ModelRunner:
         spec: KVCacheSpec,
         device: torch.device,
         eos_token_ids: tuple[int, ...] = (),  # what ``min_tokens`` masks
+        unverified_cuda_kernels: bool = False,
     ) -> None:
         self.model = model
         self.spec = spec
         self.device = device
         self.eos_token_ids = eos_token_ids
         self.graphs: DecodeGraphs | None = None
+        self.short_prefill: ShortPrefillGraph | None = None  # a cached prompt's last block
         self.grammar_mask = LogitsMask(model.config.vocab_size)  # structured outputs
         self.cuda_layout: CudaLayout | None = None
         num_blocks = spec.num_blocks
@@ -68,7 +78,10 @@ class ModelRunner:
                 group=config.num_heads // config.num_kv_heads,
                 num_sms=torch.cuda.get_device_properties(device).multi_processor_count,
                 scratch_slot=spec.num_blocks * spec.block_size,
+                unverified_kernels=unverified_cuda_kernels,
             )
+            if unverified_cuda_kernels:
+                model.use_skinny_projections()
         shape = (num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
         # Zeroed, not empty: padded decode rows read slot 0, and garbage (NaN) there would
         # poison the masked softmax.
@@ -81,13 +94,17 @@ class ModelRunner:
         ]
 
     def compile_kernels(self) -> None:
-        """Compiles the paged prefill kernel now (CUDA); decode kernels compile on capture."""
+        """Compiles the paged prefill kernel now (CUDA; opted in: the split one too); decode
+        kernels compile on capture."""
         if self.cuda_layout is not None:
             k_cache, v_cache = self.kv_caches[0]
             compile_paged_prefill(k_cache, v_cache, self.model.config.num_heads)
+            if self.cuda_layout.unverified_kernels:
+                compile_split_prefill(k_cache, v_cache, self.model.config.num_heads)
 
     def capture_decode_graphs(self, max_batch: int, max_model_len: int) -> None:
-        """Captures decode steps of up to ``max_batch`` rows (CUDA only)."""
+        """Captures decode steps of up to ``max_batch`` rows (CUDA only); opted in, the
+        short prefill step of a cached prompt's last block too."""
         if self.cuda_layout is None:
             raise ValueError(f"CUDA graphs need a CUDA device; this runner is on {self.device}")
         max_blocks = ceil_div(max_model_len, self.spec.block_size)
@@ -95,6 +112,20 @@ class ModelRunner:
             self.graphs = DecodeGraphs(
                 self.model, self.kv_caches, self.cuda_layout, max_batch, max_blocks
             )
+            if self.cuda_layout.unverified_kernels:
+                self.short_prefill = self._capture_short_prefill(max_blocks)
+
+    def _capture_short_prefill(self, max_blocks: int) -> ShortPrefillGraph:
+        layout = self.cuda_layout
+        assert layout is not None
+        return ShortPrefillGraph(
+            self.model,
+            self.kv_caches,
+            layout.group,
+            layout.scratch_slot,
+            max_blocks,
+            torch.cuda.graph_pool_handle(),
+        )
 
     @torch.inference_mode()
     def run(self, chunks: list[ScheduledChunk]) -> list[int | None]:
@@ -241,6 +272,9 @@ class ModelRunner:
             and graphs.bucket_for(len(ordered))
         ):
             return graphs.replay(plan.rows, plan.decode_tables)  # every row samples
+        short = self.short_prefill  # None unless opted in
+        if short is not None and short.fits(plan, all_sample):
+            return short.replay(plan)
         if self.cuda_layout is not None:
             inputs = build_cuda_inputs(plan, self.cuda_layout, self.device)
             input_ids, positions, meta = inputs.input_ids, inputs.positions, inputs.meta

@@ -65,6 +65,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path]:
         default="auto",
         help="engine's async_scheduling (auto: on for CUDA)",
     )
+    parser.add_argument(
+        "--unverified-cuda-kernels",
+        action="store_true",
+        help="engine's opt-in CUDA kernels (built, not yet run on a GPU; default off)",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     batches = args.batches or (QUICK_BATCHES if args.quick else FULL_BATCHES)
@@ -90,5 +95,6 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path]:
         vllm=args.vllm,
         decode_bursts=args.decode_burst,
         async_scheduling=args.async_scheduling,
+        unverified_cuda_kernels=args.unverified_cuda_kernels,
     )
     return config, args.out

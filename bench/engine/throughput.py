@@ -72,6 +72,7 @@ from bench.engine.report import (
 )
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.engine.config import EngineConfig
+from dynask.actors.engine.cuda import skinny_matmul
 from dynask.actors.engine.engine import LLMEngine
 from dynask.actors.engine.engine_parts import build_engine_parts_from_hf
 from dynask.actors.engine.loader import resolve_model
@@ -306,6 +307,7 @@ def build_engine(config: BenchConfig) -> tuple[LLMEngine, Any | None]:
         max_model_len=max(lengths) if config.random_model else None,
         decode_burst=max(config.decode_bursts),
         async_scheduling={"auto": None, "on": True, "off": False}[config.async_scheduling],
+        unverified_cuda_kernels=config.unverified_cuda_kernels,
     )
     device = engine_config.torch_device()
     dtype = engine_config.torch_dtype(device)
@@ -395,6 +397,8 @@ def main(argv: list[str] | None = None) -> None:
     print(format_table(rows, ttft, goals, config))
     if on_gpu:
         print_gpu_extras(extra)
+    if on_gpu:
+        extra["skinny_matmul"] = skinny_matmul.choices()  # cuBLAS or Triton, per shape
     if vllm is not None:
         extra["vllm"] = vllm.report(rows)
         print("\n" + engine_vllm.format_vllm_table(vllm.rows(rows), vllm.start_s))

@@ -2,7 +2,8 @@
 
 Needs a CUDA GPU (skips elsewhere). Five prompts of different lengths decode together,
 so replays use padded buckets (5 rows in the bucket of 8) and rows leave the batch as
-they finish at different ``max_tokens``.
+they finish at different ``max_tokens``. A prompt sent again recomputes its last block
+from the short prefill graph (``cuda.prefill_graph``), with the tokens of eager steps.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from tests.actors.engine.helpers import prompts_of_lengths
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-def _engine(folder: Path, cuda_graphs: bool) -> LLMEngine:
+def _engine(
+    folder: Path, cuda_graphs: bool, dtype: str = "auto", unverified: bool = False
+) -> LLMEngine:
     config = EngineConfig(
         model=str(folder), device="cuda", num_kv_blocks=256, max_num_seqs=16,
-        cuda_graphs=cuda_graphs,
+        cuda_graphs=cuda_graphs, dtype=dtype, unverified_cuda_kernels=unverified,
     )  # fmt: skip
     return LLMEngine(config)
 
@@ -92,3 +95,37 @@ def test_chained_decode_bursts_match_single_replays(tiny_llama_folder: Path) -> 
     first = runs[0][0]
     assert runs[1][0] == first[: first.index(first[5]) + 1]
     assert runs[1][1:] == runs[0][1:]
+
+
+def test_a_cached_prompt_replays_its_last_block_from_the_short_prefill_graph(
+    tiny_llama_folder: Path,
+) -> None:
+    # Block size 16: 2, 2 and 1 cached blocks; the last 8, 16 and 4 tokens are recomputed.
+    prompts = prompts_of_lengths([40, 48, 20], seed=9)
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    graphs = _engine(tiny_llama_folder, cuda_graphs=True, dtype="float32", unverified=True)
+    short = graphs.parts.runner.short_prefill
+    assert short is not None
+    replayed: list[int] = []
+    replay = short.replay
+
+    def counted(plan):
+        replayed.append(plan.prefills[0].num_new)
+        return replay(plan)
+
+    short.replay = counted  # type: ignore[method-assign]
+    runs = []
+    for engine in (_engine(tiny_llama_folder, cuda_graphs=False, dtype="float32"), graphs):
+        cold = [engine.generate([p], params)[0].token_ids for p in prompts]
+        cached = [engine.generate([p], params)[0].token_ids for p in prompts]
+        runs.append((cold, cached))
+
+    assert runs[0] == runs[1]  # the eager engine runs the kernels of before (not opted in)
+    assert runs[1][0] == runs[1][1]
+    assert replayed == [8, 16, 4]
+
+
+def test_no_short_prefill_graph_unless_opted_in(tiny_llama_folder: Path) -> None:
+    engine = _engine(tiny_llama_folder, cuda_graphs=True)
+    assert engine.parts.runner.short_prefill is None
+    assert not any(layer.skinny_projections for layer in engine.parts.runner.model.layers)

@@ -5,7 +5,12 @@ from __future__ import annotations
 import torch
 
 from dynask.actors.engine.cuda.step import block_row, decode_buckets
-from dynask.actors.engine.cuda.triton_attention import decode_splits, prefill_tiles
+from dynask.actors.engine.cuda.triton_attention import (
+    decode_splits,
+    num_prefill_tiles,
+    prefill_splits,
+    prefill_tiles,
+)
 
 
 def test_buckets_cover_every_batch_size_up_to_max_num_seqs() -> None:
@@ -29,6 +34,23 @@ def test_prefill_tiles_split_chunks_by_rows_per_tile() -> None:
         [16, 16, 8, 5],  # query tokens
         [21, 37, 53, 100],  # position of the first query
     ]
+
+
+def test_prefill_tile_count_matches_the_tiles() -> None:
+    chunks = [(0, 40, 21), (40, 5, 100), (45, 64, 0)]
+    tiles = prefill_tiles(chunks, 4, torch.device("cpu"))
+    assert num_prefill_tiles(chunks, 4) == tiles.shape[1] == 8
+
+
+def test_prefill_splits_only_when_few_tiles_see_many_keys() -> None:
+    # 132 SMs, 8 KV heads. The cached 4,096-token prompt: one tile, 4,096 keys.
+    assert prefill_splits(1, 8, 132, 4096) == 16
+    assert prefill_splits(4, 8, 132, 4096) == 16  # ceil(264 / 32) = 9 -> 16
+    assert prefill_splits(16, 8, 132, 4096) == 4  # ceil(264 / 128) = 3 -> 4
+    assert prefill_splits(33, 8, 132, 4096) == 1  # two waves already
+    # Each split keeps two key tiles (128 keys) at least.
+    assert prefill_splits(1, 8, 132, 600) == 4
+    assert prefill_splits(1, 8, 132, 200) == 1
 
 
 def test_block_rows_are_padded_with_block_zero() -> None:

@@ -7,7 +7,7 @@ on a loop bound loaded from memory — ``int()`` of a 1-element array — unless
 
 Shapes cover GQA groups of 1, 3 and 4, block sizes that do not divide the kernel's key
 tile, decode rows that are padding, context splits (flash-decoding), and prefill chunks
-after a cached prefix.
+after a cached prefix, their keys in one program or split over several.
 """
 
 from __future__ import annotations
@@ -116,10 +116,24 @@ def test_decode_matches_reference(heads, kv_heads, block_size, splits, dtype, wi
 
 
 @pytest.mark.parametrize(
-    ("heads", "kv_heads", "block_size", "window"),
-    [(4, 2, 16, None), (6, 2, 7, None), (4, 2, 16, 30), (6, 2, 7, 8), (4, 2, 16, 200)],
+    ("heads", "kv_heads", "block_size", "window", "splits"),
+    [
+        (4, 2, 16, None, 1),
+        (6, 2, 7, None, 1),
+        (4, 2, 16, 30, 1),
+        (6, 2, 7, 8, 1),
+        (4, 2, 16, 200, 1),
+        # Key splits merged by the second kernel: more splits than some tiles have key
+        # tiles (empty splits), windows that leave early splits empty.
+        (4, 2, 16, None, 2),
+        (6, 2, 7, None, 4),
+        (4, 2, 16, 30, 4),
+        (6, 2, 7, 8, 16),
+    ],
 )
-def test_prefill_after_cached_prefix_matches_reference(heads, kv_heads, block_size, window) -> None:
+def test_prefill_after_cached_prefix_matches_reference(
+    heads, kv_heads, block_size, window, splits
+) -> None:
     device = _kernel_device()
     dim, width = 64, -(-105 // block_size)
     blocks = 2 * width + 1
@@ -129,12 +143,12 @@ def test_prefill_after_cached_prefix_matches_reference(heads, kv_heads, block_si
     generator = torch.Generator().manual_seed(4)
     tables = torch.randperm(blocks, generator=generator)[: 2 * width].view(2, width)
     q = torch.randn((45, heads, dim), generator=generator).to(device)
-    out = torch.zeros_like(q)
+    out = torch.full_like(q, float("nan"))  # every row must be written
     group = heads // kv_heads
     tiles = triton_attention.prefill_tiles(chunks, group, device)
 
-    triton_attention.paged_prefill(
-        q, k_cache, v_cache, out, tables.to(device, torch.int32), tiles, dim**-0.5, window
+    _paged_prefill(
+        q, k_cache, v_cache, out, tables.to(device, torch.int32), tiles, dim**-0.5, window, splits
     )
 
     for index, (start, count, cached) in enumerate(chunks):
@@ -153,11 +167,64 @@ def test_prefill_after_cached_prefix_matches_reference(heads, kv_heads, block_si
         )
 
 
+@pytest.mark.parametrize("splits", [1, 16])
+def test_short_chunk_after_a_long_prefix_in_bfloat16(splits) -> None:
+    # The cached-prompt case (one block recomputed after a long cached prefix), in the
+    # serving dtype: the split launch must agree with the reference like the single one.
+    device = _kernel_device()
+    if device.type == "cpu":
+        pytest.skip("Triton's interpreter computes bfloat16 wrongly (numpy has no bfloat16)")
+    heads, kv_heads, block_size, dim = 8, 2, 16, 64
+    cached, count = 1000, 16
+    width = -(-(cached + count) // block_size)
+    k_cache, v_cache = _cache(width + 5, block_size, kv_heads, dim, torch.bfloat16, device, 6)
+    generator = torch.Generator().manual_seed(7)
+    table = torch.randperm(width + 5, generator=generator)[:width]
+    q = torch.randn((count, heads, dim), generator=generator).to(device, torch.bfloat16)
+    out = torch.full_like(q, float("nan"))
+    tiles = triton_attention.prefill_tiles([(0, count, cached)], heads // kv_heads, device)
+
+    _paged_prefill(
+        q, k_cache, v_cache, out, table.view(1, -1).to(device, torch.int32), tiles,
+        dim**-0.5, None, splits,
+    )  # fmt: skip
+
+    positions = list(range(cached, cached + count))
+    expected = _reference(q, k_cache, v_cache, table.tolist(), positions, dim**-0.5)
+    torch.testing.assert_close(out.double().cpu(), expected.cpu(), atol=2e-2, rtol=2e-2)
+
+
+def _paged_prefill(q, k_cache, v_cache, out, tables, tiles, scale, window, splits) -> None:
+    # One split: the kernel of before; more: the opt-in split kernel and its merge.
+    if splits == 1:
+        triton_attention.paged_prefill(q, k_cache, v_cache, out, tables, tiles, scale, window)
+    else:
+        triton_attention.paged_prefill_split(
+            q, k_cache, v_cache, out, tables, tiles, scale, window, splits
+        )
+
+
+def test_a_split_launch_needs_two_splits_at_least() -> None:
+    q = torch.zeros((1, 4, 32))
+    with pytest.raises(ValueError, match="'num_splits' has value 1; expected >= 2"):
+        triton_attention.paged_prefill_split(q, q, q, q, q, q, 1.0, None, 1)
+
+
 def test_start_up_compile_runs_the_prefill_kernel_on_block_zero() -> None:
     device = _kernel_device()
     k_cache, v_cache = _cache(2, 16, 2, 32, torch.float32, device, seed=5)
     before = (k_cache.clone(), v_cache.clone())
 
     triton_attention.compile_paged_prefill(k_cache, v_cache, num_heads=4)
+
+    assert torch.equal(k_cache, before[0]) and torch.equal(v_cache, before[1])
+
+
+def test_start_up_compile_of_the_split_kernels_reads_the_cache_only() -> None:
+    device = _kernel_device()
+    k_cache, v_cache = _cache(2, 16, 2, 32, torch.float32, device, seed=5)
+    before = (k_cache.clone(), v_cache.clone())
+
+    triton_attention.compile_split_prefill(k_cache, v_cache, num_heads=4)
 
     assert torch.equal(k_cache, before[0]) and torch.equal(v_cache, before[1])

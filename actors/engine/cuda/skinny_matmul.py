@@ -1,0 +1,281 @@
+"""The decode step's projections at small batch: cuBLAS or a Triton skinny matmul, timed.
+
+At batch 1 an H200 profile showed cuBLAS's GEMVs for q|k|v (6144 x 4096) and o
+(4096 x 4096) at ~3.05 TB/s, where gate|up reaches 4.1 TB/s; o and down each add a
+split-K reduce kernel, and every layer runs two add + RMSNorm kernels and a SiLU·mul
+kernel besides (~2 µs each at batch 1, launch-bound). A decode step at small batch is
+bound by reading the weights, so:
+
+* ``triton_gemv``'s kernels give each program ``BLOCK_N`` output columns over the whole
+  K: no split-K, no reduce kernel. One row (batch 1, ``gemv_kernel``) multiplies into a
+  float32 tile summed once after the K loop; 2..64 rows (``skinny_matmul_kernel``) use
+  ``tl.dot`` with the rows padded to 16 or 64.
+* The small ops in front of a projection run inside it, rounded exactly as the unfused
+  kernels round: ``norm_linear`` (add + RMSNorm, then q|k|v or gate|up; program 0 writes
+  the new residual) and ``gated_linear`` (SiLU(gate)·up, then down).
+* Which is faster depends on the shape, the row count and the GPU, and cannot be known
+  without one: the first eager call of each (rows, shape, dtype, prologue) times the
+  unfused ops (cuBLAS plus the small kernel) against the fused kernel on a few tiles, on
+  cold L2 (a flush before each run), and keeps the fastest; Triton only wins by a margin
+  (3%). During CUDA-graph capture nothing is timed: an undecided shape takes the unfused
+  ops (the runner's warm-up before each capture decides it first).
+* Only bf16/fp16 weights on CUDA, rows <= ``MAX_ROWS``: float32 (the HF-equality tests)
+  and the CPU keep the plain torch ops, bit for bit as before.
+* Opt-in: the model calls these functions only after ``CausalLM.use_skinny_projections``
+  (``EngineConfig.unverified_cuda_kernels``, ``--unverified-cuda-kernels``), since the
+  kernels are built but not yet run on a GPU; off, the model runs the ops of before.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dynask.actors.engine.cuda import fused_ops
+
+log = logging.getLogger(__name__)
+
+MAX_ROWS = 64
+MARGIN = 0.97  # Triton is kept only when it takes at most this share of cuBLAS's time
+TIMING_RUNS = 7
+FLUSH_BYTES = 128 << 20  # more than an H200's L2 (60 MiB)
+SLEEP_CYCLES = 200_000  # ~0.1 ms at H200 clocks
+_DTYPES = (torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class Tile:
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def fits(self, n: int, k: int) -> bool:
+        return n % self.block_n == 0 and k % self.block_k == 0
+
+
+# The candidates: each (tile, prologue, 1 / 16 / 64 rows) is one compile at start-up.
+# Checked with ptxas for sm_90 (Triton 3.9): none spills registers, with every prologue.
+ONE_ROW_TILES = (Tile(16, 512), Tile(32, 256), Tile(8, 1024))
+DOT16_TILES = (Tile(32, 128, num_stages=4), Tile(64, 128, num_stages=4))
+DOT64_TILES = (Tile(32, 64, num_warps=8, num_stages=4), Tile(64, 32, num_warps=8, num_stages=4))
+
+
+def candidates(rows: int) -> tuple[Tile, ...]:
+    if rows == 1:
+        return ONE_ROW_TILES
+    return DOT16_TILES if dot_rows(rows) == 16 else DOT64_TILES
+
+
+_choices: dict[tuple[object, ...], Tile | None] = {}
+
+
+@dataclass(frozen=True)
+class Norm:
+    """The RMSNorm in front of a matmul: ``norm(x + residual) * weight``."""
+
+    weight: torch.Tensor
+    eps: float
+    residual: torch.Tensor | None  # None: the norm of x alone
+    summed: torch.Tensor | None = None  # where x + residual goes (program 0 writes it)
+
+
+def dot_rows(rows: int) -> int:
+    """BLOCK_M for 2..64 rows: two variants only (each is a compile at start-up)."""
+    return 16 if rows <= 16 else MAX_ROWS
+
+
+def launch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    tile: Tile,
+    gated: bool = False,
+    norm: Norm | None = None,
+) -> torch.Tensor:
+    """``x [M, K] @ weight [N, K]^T (+ bias)``; ``gated``: x is gate|up ``[M, 2K]``;
+    ``norm``: the input is the RMSNorm of x (+ its residual)."""
+    from dynask.actors.engine.cuda import triton_gemv
+
+    rows = x.shape[0]
+    n, k = weight.shape
+    out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    has_res = norm is not None and norm.residual is not None
+    tensors = (
+        bias if bias is not None else weight,
+        out,
+        norm.residual if norm is not None and norm.residual is not None else x,
+        norm.summed if norm is not None and norm.summed is not None else x,
+        norm.weight if norm is not None else x,
+    )
+    eps = norm.eps if norm is not None else 0.0
+    flags = {"HAS_BIAS": bias is not None, "GATED": gated, "NORM": norm is not None}
+    flags["HAS_RES"] = has_res
+    grid = (n // tile.block_n,)
+    if rows == 1:
+        triton_gemv.gemv_kernel[grid](
+            x, weight, *tensors, eps, k, **flags, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
+            num_warps=tile.num_warps, num_stages=tile.num_stages,
+        )  # fmt: skip
+        return out
+    triton_gemv.skinny_matmul_kernel[grid](
+        x, weight, *tensors, eps, rows, k, x.stride(0), out.stride(0), **flags,
+        IEEE=x.dtype == torch.float32, BLOCK_M=dot_rows(rows),
+        BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, num_warps=tile.num_warps,
+        num_stages=tile.num_stages,
+    )  # fmt: skip
+    return out
+
+
+def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+    """``layer(x)``: at small batch on CUDA through the faster of cuBLAS and Triton."""
+    tile = _tile_for(
+        x,
+        layer,
+        "plain",
+        lambda: F.linear(x, layer.weight, layer.bias),
+        lambda t: launch(x, layer.weight, layer.bias, t),
+    )
+    if tile is None:
+        out: torch.Tensor = layer(x)
+        return out
+    return launch(x, layer.weight, layer.bias, tile)
+
+
+def gated_linear(gate_up: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+    """``layer(silu(gate) * up)`` for ``gate_up = [M, 2K]``, SiLU fused where Triton wins."""
+    tile = _tile_for(
+        gate_up, layer, "gated",
+        lambda: F.linear(fused_ops.silu_and_mul(gate_up), layer.weight, layer.bias),
+        lambda t: launch(gate_up, layer.weight, layer.bias, t, gated=True),
+    )  # fmt: skip
+    if tile is None:
+        out: torch.Tensor = layer(fused_ops.silu_and_mul(gate_up))
+        return out
+    return launch(gate_up, layer.weight, layer.bias, tile, gated=True)
+
+
+def norm_linear(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    layer: nn.Linear,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(layer(rms_norm(x + residual)), x + residual)``, the norm fused where Triton wins."""
+    eligible = x.is_contiguous() and norm_weight.is_contiguous()
+    if residual is not None:
+        eligible = eligible and residual.shape == x.shape and residual.is_contiguous()
+    tile = None
+    if eligible:
+
+        def unfused() -> torch.Tensor:
+            normed = fused_ops.add_rms_norm(x, residual, norm_weight, eps)[0]
+            return F.linear(normed, layer.weight, layer.bias)
+
+        def fused(t: Tile) -> torch.Tensor:
+            summed = None if residual is None else torch.empty_like(x)
+            return launch(
+                x, layer.weight, layer.bias, t, norm=Norm(norm_weight, eps, residual, summed)
+            )
+
+        kind = "norm+residual" if residual is not None else "norm"
+        tile = _tile_for(x, layer, kind, unfused, fused)
+    if tile is None:
+        normed, summed = fused_ops.add_rms_norm(x, residual, norm_weight, eps)
+        out: torch.Tensor = layer(normed)
+        return out, summed
+    summed = x if residual is None else torch.empty_like(x)
+    norm = Norm(norm_weight, eps, residual, None if residual is None else summed)
+    return launch(x, layer.weight, layer.bias, tile, norm=norm), summed
+
+
+def choices() -> dict[str, str]:
+    """What was chosen so far, for benchmarks: ``"rows x N x K dtype kind" -> tile``."""
+    named = {}
+    for (rows, n, k, dtype, kind, _bias, _dev), tile in sorted(_choices.items(), key=str):
+        key = f"{rows}x{n}x{k} {str(dtype).removeprefix('torch.')} {kind}"
+        named[key] = "cublas" if tile is None else f"triton {tile}"
+    return named
+
+
+def _tile_for(
+    x: torch.Tensor,
+    layer: nn.Linear,
+    kind: str,
+    unfused: Callable[[], object],
+    fused: Callable[[Tile], object],
+) -> Tile | None:
+    """The tile to run ``layer`` on ``x`` with (None: the unfused torch ops), timed once
+    per (rows, shape, dtype, kind): ``unfused`` against ``fused`` on each tile."""
+    weight = layer.weight
+    rows = x.shape[0] if x.dim() == 2 else 0
+    if (
+        x.device.type != "cuda"
+        or x.dtype not in _DTYPES
+        or weight.dtype != x.dtype
+        or not 1 <= rows <= MAX_ROWS
+        or x.stride(-1) != 1
+        or not weight.is_contiguous()
+    ):
+        return None
+    n, k = weight.shape
+    key = (rows, n, k, x.dtype, kind, layer.bias is not None, x.device)
+    if key not in _choices:
+        if torch.cuda.is_current_stream_capturing():
+            return None  # nothing can be timed inside a capture: cuBLAS
+        tiles = [t for t in candidates(rows) if t.fits(n, k)]
+        _choices[key] = _fastest(tiles, unfused, fused, x.device)
+        log.debug("skinny matmul %s: %s", key[:5], _choices[key] or "cublas")
+    return _choices[key]
+
+
+def _fastest(
+    tiles: list[Tile],
+    unfused: Callable[[], object],
+    fused: Callable[[Tile], object],
+    device: torch.device,
+) -> Tile | None:
+    if not tiles:
+        return None
+    best = MARGIN * _time(unfused, device)
+    chosen = None
+    for tile in tiles:
+        try:
+            took = _time(partial(fused, tile), device)
+        except Exception as error:  # a tile this GPU cannot run (resources): skip it
+            log.warning("skinny matmul tile %s failed: %s", tile, error)
+            continue
+        if took < best:
+            best, chosen = took, tile
+    return chosen
+
+
+def _time(run: Callable[[], object], device: torch.device) -> float:
+    """Median GPU time of ``run`` over a few runs, each on a cold L2."""
+    run()  # compiles / picks the kernel
+    try:
+        flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
+    except torch.OutOfMemoryError:
+        flush = torch.empty(1, dtype=torch.uint8, device=device)
+    times = []
+    for _ in range(TIMING_RUNS):
+        flush.zero_()
+        # The GPU keeps busy while the host launches: the launch's host cost (Triton's is
+        # larger than cuBLAS's) must not count, as in a CUDA-graph replay.
+        torch.cuda._sleep(SLEEP_CYCLES)  # type: ignore[no-untyped-call]
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return float(statistics.median(times))

@@ -1,0 +1,180 @@
+"""Triton source of the skinny matmul (imported only where Triton exists; see
+``skinny_matmul`` for the design). mypy skips this file (Triton's DSL is untyped).
+
+Both kernels compute ``y[:, n-tile] = input @ w[n-tile, :]^T`` over the whole K (no
+split-K, no reduce kernel); the caller guarantees N % BLOCK_N == 0 and K % BLOCK_K == 0.
+The input is ``x`` itself, or a prologue of it, rounded exactly where the unfused ops
+round:
+
+* GATED: ``x`` is the fused gate|up output ``[M, 2K]``; input = silu(gate) * up
+  (as ``silu_and_mul_kernel``);
+* NORM: input = rms_norm(x (+ res)) * norm weight (as ``add_rms_norm_kernel``); a first
+  pass over K sums the squares, and program 0 writes x + res to ``res_out``.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _row_rstd(
+    x_ptrs,
+    res_ptrs,
+    mask,
+    k_dim,
+    eps,
+    HAS_RES: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    AXIS: tl.constexpr,
+):
+    # 1 / rms of each row of x (+ res), the sum rounded to the dtype first; AXIS is K's.
+    sq = tl.zeros(x_ptrs.shape, tl.float32)
+    for k0 in range(0, k_dim, BLOCK_K):
+        x = tl.load(x_ptrs + k0, mask=mask, other=0.0)
+        if HAS_RES:
+            x = (x.to(tl.float32) + tl.load(res_ptrs + k0, mask=mask, other=0.0)).to(x.dtype)
+        x = x.to(tl.float32)
+        sq += x * x
+    return tl.rsqrt(tl.sum(sq, axis=AXIS) / k_dim + eps)
+
+
+@triton.jit
+def _prologue(
+    x,
+    x_ptrs,
+    res_ptrs,
+    res_out_ptrs,
+    norm_w_ptrs,
+    rstd,
+    mask,
+    k_dim,
+    GATED: tl.constexpr,
+    NORM: tl.constexpr,
+    HAS_RES: tl.constexpr,
+):
+    # The matmul's input for this K block, from x's block (see the module docstring).
+    if GATED:
+        up = tl.load(x_ptrs + k_dim, mask=mask, other=0.0)
+        g = x.to(tl.float32)
+        act = (g / (1.0 + tl.exp(-g))).to(x.dtype).to(tl.float32)
+        x = (act * up.to(tl.float32)).to(up.dtype)
+    if NORM:
+        if HAS_RES:
+            res = tl.load(res_ptrs, mask=mask, other=0.0)
+            x = (x.to(tl.float32) + res.to(tl.float32)).to(x.dtype)
+            if tl.program_id(0) == 0:
+                tl.store(res_out_ptrs, x, mask=mask)
+        y = (x.to(tl.float32) * rstd).to(x.dtype).to(tl.float32)
+        x = (tl.load(norm_w_ptrs).to(tl.float32) * y).to(x.dtype)
+    return x
+
+
+# The row count varies with the batch: not specialised on.
+@triton.jit(do_not_specialize=["m_rows"])
+def skinny_matmul_kernel(
+    x_ptr,
+    w_ptr,
+    bias_ptr,
+    y_ptr,
+    res_ptr,
+    res_out_ptr,
+    norm_w_ptr,
+    eps,
+    m_rows,
+    k_dim,
+    x_stride,
+    y_stride,
+    HAS_BIAS: tl.constexpr,
+    GATED: tl.constexpr,
+    NORM: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    # 2..64 rows (BLOCK_M >= 16, tl.dot); NORM needs contiguous rows (x_stride = K).
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m = tl.arange(0, BLOCK_M)
+    m_ok = (m < m_rows)[:, None]
+    kk = tl.arange(0, BLOCK_K)
+    w_ptrs = w_ptr + n.to(tl.int64)[:, None] * k_dim + kk[None, :]
+    x_ptrs = x_ptr + m[:, None] * x_stride + kk[None, :]
+    res_ptrs = res_ptr + m[:, None] * k_dim + kk[None, :]
+    res_out_ptrs = res_out_ptr + m[:, None] * k_dim + kk[None, :]
+    norm_w_ptrs = norm_w_ptr + kk[None, :]
+    rstd = tl.zeros([BLOCK_M, 1], tl.float32)
+    if NORM:
+        rstd = _row_rstd(x_ptrs, res_ptrs, m_ok, k_dim, eps, HAS_RES, BLOCK_K, 1)[:, None]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for _ in range(0, k_dim, BLOCK_K):
+        w = tl.load(w_ptrs)
+        x = tl.load(x_ptrs, mask=m_ok, other=0.0)
+        x = _prologue(
+            x, x_ptrs, res_ptrs, res_out_ptrs, norm_w_ptrs, rstd, m_ok, k_dim, GATED, NORM,
+            HAS_RES,
+        )  # fmt: skip
+        if IEEE:
+            acc += tl.dot(x, tl.trans(w), input_precision="ieee")
+        else:
+            acc += tl.dot(x, tl.trans(w))
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+        res_ptrs += BLOCK_K
+        res_out_ptrs += BLOCK_K
+        norm_w_ptrs += BLOCK_K
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + n).to(tl.float32)[None, :]
+    y_ptrs = y_ptr + m[:, None] * y_stride + n[None, :]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_ok)
+
+
+@triton.jit
+def gemv_kernel(
+    x_ptr,
+    w_ptr,
+    bias_ptr,
+    y_ptr,
+    res_ptr,
+    res_out_ptr,
+    norm_w_ptr,
+    eps,
+    k_dim,
+    HAS_BIAS: tl.constexpr,
+    GATED: tl.constexpr,
+    NORM: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    # One row: products accumulate elementwise in a [BLOCK_N, BLOCK_K] float32 tile,
+    # summed over K once after the loop (no reduction per step).
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    kk = tl.arange(0, BLOCK_K)
+    ok = kk < BLOCK_K  # all true: the prologue's masks
+    w_ptrs = w_ptr + n.to(tl.int64)[:, None] * k_dim + kk[None, :]
+    x_ptrs = x_ptr + kk
+    res_ptrs = res_ptr + kk
+    res_out_ptrs = res_out_ptr + kk
+    norm_w_ptrs = norm_w_ptr + kk
+    rstd = 0.0
+    if NORM:
+        rstd = _row_rstd(x_ptrs, res_ptrs, ok, k_dim, eps, HAS_RES, BLOCK_K, 0)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    for _ in range(0, k_dim, BLOCK_K):
+        w = tl.load(w_ptrs)
+        x = tl.load(x_ptrs)
+        x = _prologue(
+            x, x_ptrs, res_ptrs, res_out_ptrs, norm_w_ptrs, rstd, ok, k_dim, GATED, NORM,
+            HAS_RES,
+        )  # fmt: skip
+        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+        res_ptrs += BLOCK_K
+        res_out_ptrs += BLOCK_K
+        norm_w_ptrs += BLOCK_K
+    y = tl.sum(acc, axis=1)
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + n).to(tl.float32)
+    tl.store(y_ptr + n, y.to(y_ptr.dtype.element_ty))

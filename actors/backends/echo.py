@@ -32,7 +32,7 @@ from dynask.actors.backends.backend_kit import (
     check_prompt,
     refuse_structured_output,
 )
-from dynask.actors.engine.sequence import AbortRequest
+from dynask.actors.engine.engine_inputs import AbortRequest
 from dynask.kv.events import KVEventLog
 
 log = logging.getLogger(__name__)

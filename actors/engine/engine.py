@@ -30,6 +30,7 @@ from dynask.actors.engine.config import EngineConfig
 from dynask.actors.engine.cuda.decode_burst import burst_steps
 from dynask.actors.engine.cuda.overlap import AsyncDecodes
 from dynask.actors.engine.detokenizer import IncrementalDetokenizer
+from dynask.actors.engine.engine_inputs import AbortRequest, check_prompt
 from dynask.actors.engine.engine_parts import EngineParts, build_engine_parts
 from dynask.actors.engine.grammar.structured_output import GrammarState, StructuredOutputs
 from dynask.actors.engine.kv_manager import KVCacheManager, PrefixHit
@@ -38,7 +39,7 @@ from dynask.actors.engine.logits.processing import check_logits_params
 from dynask.actors.engine.model_runner import ModelRunner
 from dynask.actors.engine.sampling import request_seed
 from dynask.actors.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from dynask.actors.engine.sequence import AbortRequest, Sequence, SequenceStatus, check_prompt
+from dynask.actors.engine.sequence import Sequence, SequenceStatus
 from dynask.kv.hashing import hash_seed
 from dynask.kv.prefix_index import KVCacheDump
 

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 import torch
 
+from dynask.actors.api.tokenizer_folder import load_tokenizer
 from dynask.actors.engine.config import EngineConfig
 from dynask.actors.engine.kv_manager import KVCacheManager
 from dynask.actors.engine.kv_sizing import KVCachePlan, plan_kv_cache
@@ -18,13 +19,12 @@ from dynask.actors.engine.loader import (
     load_hf_config,
     load_model,
     load_model_from_tensors,
-    load_tokenizer,
-    resolve_model,
 )
 from dynask.actors.engine.logits.defaults import sampling_defaults
 from dynask.actors.engine.model import CausalLM
 from dynask.actors.engine.model_config import ModelConfig
 from dynask.actors.engine.model_runner import KVCacheSpec, ModelRunner
+from dynask.actors.engine.model_source import resolve_model
 from dynask.actors.engine.scheduler import ScheduledChunk
 from dynask.kv.events import KVEventLog
 

@@ -22,10 +22,10 @@ import pytest
 import torch
 
 from dynask.actors.api.sampling_params import SamplingParams
+from dynask.actors.api.tokenizer_folder import load_tokenizer
 from dynask.actors.backends.mocker import MockerConfig, build_mocker_engine
 from dynask.actors.engine.engine import LLMEngine
 from dynask.actors.engine.kv_handoff import movable_blocks
-from dynask.actors.engine.loader import load_tokenizer
 from dynask.actors.runtime.kv_transfer_service import KVTransferService
 from dynask.kv.transfer import TransferError, TransferHeader, make_transport
 from tests.actors.engine.helpers import TEST_DEVICE, make_engine, prompts_of_lengths

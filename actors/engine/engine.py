@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from dynask.actors.api.engine_inputs import AbortRequest, check_prompt
 from dynask.actors.api.outputs import FinishReason, RequestOutput
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.api.stats import EngineStats
@@ -30,7 +31,6 @@ from dynask.actors.engine.config import EngineConfig
 from dynask.actors.engine.cuda.decode_burst import burst_steps
 from dynask.actors.engine.cuda.overlap import AsyncDecodes
 from dynask.actors.engine.detokenizer import IncrementalDetokenizer
-from dynask.actors.engine.engine_inputs import AbortRequest, check_prompt
 from dynask.actors.engine.engine_parts import EngineParts, build_engine_parts
 from dynask.actors.engine.grammar.structured_output import GrammarState, StructuredOutputs
 from dynask.actors.engine.kv_manager import KVCacheManager, PrefixHit

@@ -9,7 +9,6 @@ from typing import Any, Protocol
 
 import torch
 
-from dynask.actors.api.tokenizer_folder import load_tokenizer
 from dynask.actors.engine.config import EngineConfig
 from dynask.actors.engine.kv_manager import KVCacheManager
 from dynask.actors.engine.kv_sizing import KVCachePlan, plan_kv_cache
@@ -24,8 +23,9 @@ from dynask.actors.engine.logits.defaults import sampling_defaults
 from dynask.actors.engine.model import CausalLM
 from dynask.actors.engine.model_config import ModelConfig
 from dynask.actors.engine.model_runner import KVCacheSpec, ModelRunner
-from dynask.actors.engine.model_source import resolve_model
 from dynask.actors.engine.scheduler import ScheduledChunk
+from dynask.actors.models.model_source import resolve_model
+from dynask.actors.models.tokenizer_folder import load_tokenizer
 from dynask.kv.events import KVEventLog
 
 log = logging.getLogger(__name__)

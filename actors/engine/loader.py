@@ -1,9 +1,7 @@
-"""Loading model weights and configs from an HF folder (``model_source`` finds the folder).
+"""Loading model weights and configs from an HF folder (``actors.models`` finds the folder).
 
-Formats are read with well-kept libraries: transformers reads configs and GGUF files
-(dequantizing at load), safetensors reads weights. A GGUF file is converted once into a
-plain HF folder under the cache directory (config, tokenizer, safetensors), so later
-starts take about a second instead of re-dequantizing every tensor.
+Formats are read with well-kept libraries: transformers reads configs, safetensors reads
+weights; a GGUF file was converted into an HF folder before (``actors.models``).
 """
 
 from __future__ import annotations
@@ -18,27 +16,7 @@ from tqdm import tqdm
 
 from dynask.actors.engine.model import CausalLM
 from dynask.actors.engine.model_config import ModelConfig
-from dynask.actors.engine.model_source import ModelSource
-
-
-def write_hf_folder_from_gguf(path: Path, out: Path) -> None:
-    """Dequantizes the GGUF file ``path`` into an HF folder at ``out`` (``convert_gguf``)."""
-    from safetensors.torch import save_file
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    folder, name = str(path.parent), path.name
-    hf_config = AutoConfig.from_pretrained(folder, gguf_file=name)
-    with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(hf_config)  # type: ignore[no-untyped-call]
-    read = load_gguf_checkpoint  # transformers leaves it untyped
-    checkpoint: dict[str, Any] = read(str(path), return_tensors=True, model_to_load=skeleton)  # type: ignore[no-untyped-call]
-    tensors: dict[str, torch.Tensor] = checkpoint["tensors"]
-    if hf_config.tie_word_embeddings:
-        tensors.pop("lm_head.weight", None)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"))
-    hf_config.save_pretrained(out)
-    AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(out)
+from dynask.actors.models.model_source import ModelSource
 
 
 def load_hf_config(folder: Path) -> Any:

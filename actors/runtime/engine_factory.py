@@ -29,13 +29,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dynask.actors.api.engine_protocol import Engine
-from dynask.actors.api.tokenizer_folder import load_tokenizer
 from dynask.actors.backends.echo import EchoEngine
 from dynask.actors.backends.openai_forward.args import ForwardArgs, api_base
 from dynask.actors.backends.python_file import PythonEngine, load_generate
 from dynask.actors.backends.vllm.args import VLLMArgs
 from dynask.actors.engine.config import EngineConfig
-from dynask.actors.engine.model_source import resolve_model
+from dynask.actors.models.model_source import resolve_model
+from dynask.actors.models.tokenizer_folder import load_tokenizer
 
 # Engines built at once in one worker (several actors) race in transformers' lazy imports
 # ("cannot import name 'AutoTokenizer'"), as out=vllm found; tokenizers load one at a time.

@@ -36,9 +36,9 @@ from typing import Any
 import msgpack
 import torch
 
+from dynask.actors.api.engine_inputs import check_prompt
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.engine.engine import LLMEngine
-from dynask.actors.engine.engine_inputs import check_prompt
 from dynask.actors.engine.kv_handoff import (
     ImportReservation,
     commit_import,

@@ -25,7 +25,7 @@ from opentelemetry.trace import NoOpTracer, Tracer
 
 from dynask.actors.api.outputs import RequestOutput
 from dynask.actors.api.sampling_params import SamplingParamError, SamplingParams
-from dynask.actors.api.tokenizer_folder import load_tokenizer
+from dynask.actors.models.tokenizer_folder import load_tokenizer
 from dynask.control_plane.disagg.orchestrator import DisaggOptions, DisaggOrchestrator
 from dynask.control_plane.observability.tracing import prepare_attributes
 from dynask.control_plane.reliability.migration import RequestMigration

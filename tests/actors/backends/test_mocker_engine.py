@@ -13,7 +13,6 @@ from dynask.actors.api.engine_protocol import Engine
 from dynask.actors.api.outputs import FinishReason
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.api.streams import RequestStream
-from dynask.actors.api.tokenizer_folder import load_tokenizer
 from dynask.actors.backends.mocker import (
     MockerConfig,
     MockerEngine,
@@ -23,6 +22,7 @@ from dynask.actors.backends.mocker import (
     simulated_step_ms,
     sleep_seconds,
 )
+from dynask.actors.models.tokenizer_folder import load_tokenizer
 from dynask.kv.events import BlockStored
 from dynask.kv.hashing import SequenceHash, chain_hash, local_block_hash
 

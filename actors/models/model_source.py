@@ -1,10 +1,9 @@
 """Where a model comes from: a local HF folder, a ``.gguf`` file, or a hub id, resolved to
 an HF folder on the local disk.
 
-Torch-free (weights are read by ``loader``): the control plane and the engines without
-weights resolve a model and read its tokenizer without loading torch. A GGUF file is
-converted once into an HF folder under the cache directory; only that conversion loads
-torch and transformers' model code.
+A GGUF file is converted once into an HF folder under the cache directory, so later
+starts take about a second instead of re-dequantizing every tensor; only that conversion
+loads torch (``gguf_conversion``).
 """
 
 from __future__ import annotations
@@ -17,6 +16,8 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from dynask.actors.models.gguf_conversion import write_hf_folder
 
 log = logging.getLogger(__name__)
 
@@ -118,9 +119,7 @@ def convert_gguf(path: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".staging-"))
     try:
-        from dynask.actors.engine.loader import write_hf_folder_from_gguf  # torch, transformers
-
-        write_hf_folder_from_gguf(path, staging)
+        write_hf_folder(path, staging)
         os.replace(staging, target)  # atomic: a crash never leaves a half-written folder
     except OSError:
         if not (target / "model.safetensors").is_file():

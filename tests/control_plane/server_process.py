@@ -45,7 +45,7 @@ def wait_healthy(
                 return
         except httpx.HTTPError:
             pass
-        time.sleep(0.5)
+        time.sleep(0.1)
     raise TimeoutError(f"server not healthy after {timeout}s:\n{log.read_text()[-3000:]}")
 
 
@@ -78,7 +78,7 @@ def wait_for_log(
             return
         if proc.poll() is not None:
             raise RuntimeError(f"exited with {proc.returncode}:\n{log.read_text()}")
-        time.sleep(0.3)
+        time.sleep(0.1)
     raise TimeoutError(f"no {text!r} after {timeout}s:\n{log.read_text()}")
 
 
@@ -101,7 +101,7 @@ def wait_for_engines(
         engines = httpx.get(f"{base_url}/v1/engines", headers=headers, timeout=10).json()
         if len(engines) >= count:
             return list(engines)
-        time.sleep(0.5)
+        time.sleep(0.1)
     raise TimeoutError(f"fewer than {count} engines after {timeout}s")
 
 

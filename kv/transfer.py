@@ -28,10 +28,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NewType, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, NewType, Protocol, runtime_checkable
 
 import msgpack
-import torch
+
+if TYPE_CHECKING:  # imported where tensors are handled: the control plane reads TRANSPORTS
+    import torch  # and builds its flags without loading torch
 
 TransferId = NewType("TransferId", str)
 
@@ -60,10 +62,14 @@ class TransferHeader:
         count = 1
         for size in self.shape:
             count *= size
+        import torch
+
         return count * torch.empty((), dtype=self.torch_dtype).element_size()
 
     @property
     def torch_dtype(self) -> torch.dtype:
+        import torch
+
         dtype = getattr(torch, self.dtype, None)
         if not isinstance(dtype, torch.dtype):
             raise TransferError(f"transfer {self.transfer_id}: unknown dtype {self.dtype!r}")
@@ -198,6 +204,8 @@ class Expectations:
 
 def byte_view(tensor: torch.Tensor) -> memoryview:
     """The bytes of a contiguous CPU tensor, writable, without a copy."""
+    import torch
+
     view: memoryview = tensor.reshape(-1).view(torch.uint8).numpy().data
     return view.cast("B")
 

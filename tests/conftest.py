@@ -13,7 +13,7 @@ import torch
 @pytest.fixture(scope="session")
 def smollm2_folder() -> Path:
     """The bundled SmolLM2 GGUF, converted once into an HF folder."""
-    from dynask.actors.engine.loader import resolve_model
+    from dynask.actors.models.model_source import resolve_model
 
     return resolve_model(None).folder
 

@@ -33,6 +33,10 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "actors": (CP, "dynask.web", *FRAMEWORKS),
     "actors/api": ("dynask.actors.engine", "dynask.actors.runtime", "dynask.actors.backends"),
     "actors/engine": ("dynask.actors.runtime", "dynask.actors.backends", "dask", "distributed"),
+    "actors/models": (
+        *("dynask.actors.api", "dynask.actors.engine", "dynask.actors.runtime"),
+        *("dynask.actors.backends", "dask", "distributed"),
+    ),
     "control_plane": ("dynask.web", "dynask.actors.engine", "dynask.actors.backends"),
     "control_plane/api": (f"{CP}.cluster", f"{CP}.cli", f"{CP}.planner", f"{CP}.graphs"),
     "control_plane/state": tuple(

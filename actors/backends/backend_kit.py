@@ -22,11 +22,11 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from dynask.actors.api.engine_inputs import check_prompt
 from dynask.actors.api.outputs import FinishReason, RequestOutput, Usage
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.api.streams import OutputFanout, OutputListener
 from dynask.actors.engine.detokenizer import IncrementalDetokenizer
-from dynask.actors.engine.sequence import check_prompt
 
 __all__ = ["OutputFanout", "OutputListener", "RequestProgress", "TextDetokenizer", "check_prompt"]
 

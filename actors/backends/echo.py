@@ -20,6 +20,7 @@ import threading
 import uuid
 from typing import Any
 
+from dynask.actors.api.engine_inputs import AbortRequest
 from dynask.actors.api.outputs import FinishReason, RequestOutput
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.api.stats import EngineStats
@@ -32,7 +33,6 @@ from dynask.actors.backends.backend_kit import (
     check_prompt,
     refuse_structured_output,
 )
-from dynask.actors.engine.sequence import AbortRequest
 from dynask.kv.events import KVEventLog
 
 log = logging.getLogger(__name__)

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from dynask.actors.api.engine_inputs import AbortRequest, check_prompt
 from dynask.actors.api.outputs import FinishReason, RequestOutput
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.api.stats import EngineStats
@@ -38,7 +39,7 @@ from dynask.actors.engine.logits.processing import check_logits_params
 from dynask.actors.engine.model_runner import ModelRunner
 from dynask.actors.engine.sampling import request_seed
 from dynask.actors.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from dynask.actors.engine.sequence import AbortRequest, Sequence, SequenceStatus, check_prompt
+from dynask.actors.engine.sequence import Sequence, SequenceStatus
 from dynask.kv.hashing import hash_seed
 from dynask.kv.prefix_index import KVCacheDump
 

@@ -18,14 +18,14 @@ from dynask.actors.engine.loader import (
     load_hf_config,
     load_model,
     load_model_from_tensors,
-    load_tokenizer,
-    resolve_model,
 )
 from dynask.actors.engine.logits.defaults import sampling_defaults
 from dynask.actors.engine.model import CausalLM
 from dynask.actors.engine.model_config import ModelConfig
 from dynask.actors.engine.model_runner import KVCacheSpec, ModelRunner
 from dynask.actors.engine.scheduler import ScheduledChunk
+from dynask.actors.models.model_source import resolve_model
+from dynask.actors.models.tokenizer_folder import load_tokenizer
 from dynask.kv.events import KVEventLog
 
 log = logging.getLogger(__name__)

@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 
 from dynask.actors.engine.config import EngineConfig
-from dynask.actors.engine.loader import cache_dir
 from dynask.actors.engine.model_runner import KVCacheSpec
+from dynask.actors.models.model_source import cache_dir
 from dynask.kv.disk_prefetch import DiskPrefetcher
 from dynask.kv.disk_tier import DiskTier
 from dynask.kv.events import KVEventLog

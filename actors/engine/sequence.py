@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-from array import array
 from dataclasses import dataclass, field
 
 import torch
@@ -22,13 +21,6 @@ class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
-
-
-@dataclass(frozen=True)
-class AbortRequest:
-    """An engine inbox item: cancel ``request_id`` at the start of the next step."""
-
-    request_id: str
 
 
 @dataclass(eq=False)
@@ -74,26 +66,3 @@ class Sequence:
 
     def usage(self) -> Usage:
         return Usage(len(self.prompt_token_ids), len(self.output_token_ids), self.num_cached_tokens)
-
-
-def check_prompt(prompt: list[int], max_model_len: int, vocab_size: int) -> list[int]:
-    """The prompt as plain ints; ``ValueError`` (as the built-in engine words it) if bad.
-
-    Prompts run to 100k+ ids, so the conversion and the range check stay in C (an
-    ``array`` of them, ``min``/``max``): per element in Python they cost ~2 ms per 1k ids.
-    """
-    try:
-        ids = array("q", prompt).tolist()
-    except (TypeError, OverflowError):  # floats, numpy scalars, huge ints: one by one
-        ids = [int(t) for t in prompt]
-    if not ids:
-        raise ValueError("the prompt is empty; send at least one token")
-    if len(ids) >= max_model_len:
-        raise ValueError(
-            f"the prompt has {len(ids)} tokens, but this engine's context is "
-            f"{max_model_len} tokens (prompt plus output); shorten the prompt"
-        )
-    if min(ids) < 0 or max(ids) >= vocab_size:
-        bad = next(t for t in ids if not 0 <= t < vocab_size)
-        raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab_size})")
-    return ids

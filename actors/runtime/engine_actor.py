@@ -27,7 +27,7 @@ from dynask.actors.api.actor_info import ActorInfo
 from dynask.actors.api.engine_protocol import Engine, ForwardingEngine, KVCacheEngine
 from dynask.actors.api.outputs import RequestOutput
 from dynask.actors.api.sampling_params import SamplingParams
-from dynask.actors.runtime.engine_factory import EngineSpec, build_engine
+from dynask.actors.runtime.engine_factory import TORCH_KINDS, EngineSpec, build_engine
 from dynask.actors.runtime.kv_transfer_actor import KVTransferMethods
 from dynask.actors.runtime.malloc_tuning import keep_tensor_memory
 from dynask.actors.runtime.token_stream import (
@@ -69,7 +69,8 @@ class EngineActor(KVTransferMethods):
         (``ActorInfo.to_dict``: plain data on the wire)."""
         if self._info is not None:
             return self._info
-        _share_cores_with_other_workers()
+        if self.spec.kind in TORCH_KINDS:
+            _share_cores_with_other_workers()
         keep_tensor_memory()
         engine = await asyncio.to_thread(build_engine, self.spec)
         stream = TokenStreamServer(asyncio.get_running_loop(), _weakly(self._reader_left))

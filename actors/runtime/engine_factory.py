@@ -21,6 +21,7 @@ Design decisions:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import types
 import typing
@@ -29,18 +30,18 @@ from typing import Any
 
 from dynask.actors.api.engine_protocol import Engine
 from dynask.actors.backends.echo import EchoEngine
-from dynask.actors.backends.mocker import MockerConfig, build_mocker_engine
 from dynask.actors.backends.openai_forward.args import ForwardArgs, api_base
 from dynask.actors.backends.python_file import PythonEngine, load_generate
 from dynask.actors.backends.vllm.args import VLLMArgs
 from dynask.actors.engine.config import EngineConfig
-from dynask.actors.engine.engine import LLMEngine
-from dynask.actors.engine.loader import load_tokenizer, resolve_model
+from dynask.actors.models.model_source import resolve_model
+from dynask.actors.models.tokenizer_folder import load_tokenizer
 
 # Engines built at once in one worker (several actors) race in transformers' lazy imports
 # ("cannot import name 'AutoTokenizer'"), as out=vllm found; tokenizers load one at a time.
 _LOADING = threading.Lock()
 KINDS = ("torch", "vllm", "echo", "mocker", "python", "openai")
+TORCH_KINDS = ("torch", "vllm", "mocker")  # the engines that run torch in their worker
 ENGINE_FORMS = "torch, vllm, echo, mocker, python:FILE.py, openai:URL"
 
 
@@ -49,14 +50,25 @@ def _config_args(config: type[Any], exclude: tuple[str, ...] = ()) -> dict[str, 
     return {f.name: hints[f.name] for f in dataclasses.fields(config) if f.name not in exclude}
 
 
-_KNOWN_ARGS: dict[str, dict[str, Any]] = {
-    "torch": _config_args(EngineConfig, exclude=("model",)),
-    "echo": {"delay_s": float, "max_model_len": int},
-    "mocker": _config_args(MockerConfig),
-    "python": {"max_model_len": int},
-    "vllm": _config_args(VLLMArgs),
-    "openai": _config_args(ForwardArgs),
-}
+@functools.cache
+def _known_args(kind: str) -> dict[str, Any]:
+    if kind == "torch":
+        return _config_args(EngineConfig, exclude=("model",))
+    if kind == "mocker":
+        return _config_args(_mocker_config())
+    if kind == "vllm":
+        return _config_args(VLLMArgs)
+    if kind == "openai":
+        return _config_args(ForwardArgs)
+    return {"delay_s": float, "max_model_len": int} if kind == "echo" else {"max_model_len": int}
+
+
+def _mocker_config() -> type[Any]:
+    """``MockerConfig``, imported when a mocker is asked for: its module is the built-in
+    engine's (torch), which a control plane of echo or vLLM deployments never loads."""
+    from dynask.actors.backends.mocker import MockerConfig
+
+    return MockerConfig
 
 
 @dataclass(frozen=True)
@@ -99,13 +111,13 @@ class EngineSpec:
         elif self.kind == "vllm":
             VLLMArgs(**self.engine_args)
         elif self.kind == "mocker":
-            MockerConfig(**self.engine_args)
+            _mocker_config()(**self.engine_args)
         elif self.kind == "openai":
             ForwardArgs(**self.engine_args)
 
 
 def _check_arg(kind: str, key: str, value: object) -> None:
-    known = _KNOWN_ARGS[kind]
+    known = _known_args(kind)
     if key not in known:
         raise ValueError(
             f"engine argument {key!r} is not known to out={kind}; "
@@ -170,6 +182,8 @@ def prepare_model(model: str | None) -> None:
 def build_engine(spec: EngineSpec) -> Engine:
     """Builds (but does not start) the engine ``spec`` describes."""
     if spec.kind == "torch":
+        from dynask.actors.engine.engine import LLMEngine  # torch: only where it runs
+
         return LLMEngine(EngineConfig(model=spec.model, **spec.engine_args))
     if spec.kind == "vllm":
         # Imported here: vLLM is an optional extra (dynask[vllm]).
@@ -187,6 +201,8 @@ def build_engine(spec: EngineSpec) -> Engine:
     tokenizer = _tokenizer(spec.model)
     if spec.kind == "echo":
         return EchoEngine(tokenizer, **spec.engine_args)
+    from dynask.actors.backends.mocker import MockerConfig, build_mocker_engine
+
     return build_mocker_engine(MockerConfig(**spec.engine_args), tokenizer)
 
 

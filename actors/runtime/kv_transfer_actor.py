@@ -10,21 +10,17 @@ call failed. Requests and tickets travel as bytes (cheap for Dask to carry).
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import INVALID_SPAN
 
 from dynask.actors.api.engine_protocol import Engine
 from dynask.actors.api.sampling_params import SamplingParams
-from dynask.actors.runtime.kv_transfer_service import (
-    DEFAULT_PREFILL_TIMEOUT_S,
-    KVTransferService,
-    RemotePrefillTicket,
-    as_llm_engine,
-)
 from dynask.actors.runtime.token_stream import read_request
 from dynask.actors.runtime.tracing import context_from, worker_tracer
-from dynask.kv.transfer import make_transport
+
+if TYPE_CHECKING:  # the service and the transports load torch: imported where a role needs them
+    from dynask.actors.runtime.kv_transfer_service import KVTransferService
 
 
 class KVTransferMethods:
@@ -45,8 +41,11 @@ class KVTransferMethods:
         """Starts this actor's KV listener (``tcp`` or ``ucxx``); returns its address."""
         if self._kv_transfer is not None:
             return str(self._kv_transfer.address)
-        engine = as_llm_engine(self._running(), self.name, self.spec.kind)
         from dynask.actors.runtime.engine_actor import _worker_host
+        from dynask.actors.runtime.kv_transfer_service import KVTransferService, as_llm_engine
+        from dynask.kv.transfer import make_transport
+
+        engine = as_llm_engine(self._running(), self.name, self.spec.kind)
 
         service = KVTransferService(engine, make_transport(transport))
         address = await service.start(host or _worker_host())
@@ -67,11 +66,18 @@ class KVTransferMethods:
         return None if ticket is None else ticket.pack()
 
     async def prefill_remote(
-        self, ticket: bytes, packed_request: bytes, timeout_s: float = DEFAULT_PREFILL_TIMEOUT_S
+        self, ticket: bytes, packed_request: bytes, timeout_s: float | None = None
     ) -> int:
         """Prefill side: computes the prompt's KV and sends the blocks the ticket asks
         for to the decode actor; returns how many blocks were sent. A prefill that takes
-        longer than ``timeout_s`` is aborted (the decode actor has stopped waiting)."""
+        longer than ``timeout_s`` (default ``kv_transfer_service.DEFAULT_PREFILL_TIMEOUT_S``)
+        is aborted (the decode actor has stopped waiting)."""
+        from dynask.actors.runtime.kv_transfer_service import (
+            DEFAULT_PREFILL_TIMEOUT_S,
+            RemotePrefillTicket,
+        )
+
+        timeout_s = DEFAULT_PREFILL_TIMEOUT_S if timeout_s is None else timeout_s
         _, prompt, params, traceparent = read_request(packed_request)
         with _span("engine.remote_prefill", traceparent, self.name) as span:
             blocks = await self._kv_service().prefill_and_send(

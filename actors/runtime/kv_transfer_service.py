@@ -36,6 +36,7 @@ from typing import Any
 import msgpack
 import torch
 
+from dynask.actors.api.engine_inputs import check_prompt
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.engine.engine import LLMEngine
 from dynask.actors.engine.kv_handoff import (
@@ -45,7 +46,6 @@ from dynask.actors.engine.kv_handoff import (
     release,
     reserve_import,
 )
-from dynask.actors.engine.sequence import check_prompt
 from dynask.kv.hashing import hash_seed
 from dynask.kv.transfer import BlockTransport, KVTransport, TransferError, TransferId
 

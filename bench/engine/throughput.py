@@ -75,7 +75,7 @@ from dynask.actors.engine.config import EngineConfig
 from dynask.actors.engine.cuda import skinny_matmul
 from dynask.actors.engine.engine import LLMEngine
 from dynask.actors.engine.engine_parts import build_engine_parts_from_hf
-from dynask.actors.engine.loader import resolve_model
+from dynask.actors.models.model_source import resolve_model
 
 TOKEN_ID_RANGE = (100, 40_000)  # plain vocabulary ids, clear of the special tokens
 SEED = 20_240_601

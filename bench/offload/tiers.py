@@ -52,14 +52,10 @@ from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.engine.config import EngineConfig
 from dynask.actors.engine.engine import LLMEngine
 from dynask.actors.engine.engine_parts import LoadedModel, assemble_engine_parts
-from dynask.actors.engine.loader import (
-    eos_token_ids,
-    load_hf_config,
-    load_model,
-    load_tokenizer,
-    resolve_model,
-)
+from dynask.actors.engine.loader import eos_token_ids, load_hf_config, load_model
 from dynask.actors.engine.model_config import ModelConfig
+from dynask.actors.models.model_source import resolve_model
+from dynask.actors.models.tokenizer_folder import load_tokenizer
 from dynask.kv.block import ceil_div
 
 GB = 10**9

@@ -28,7 +28,7 @@ import uvicorn
 from distributed import LocalCluster
 
 from bench.common.report import write_json
-from dynask.actors.engine.loader import resolve_model
+from dynask.actors.models.model_source import resolve_model
 from dynask.control_plane.api.app import build_app
 from dynask.control_plane.cluster.deployment_admin import DeploymentAdmin
 from dynask.control_plane.cluster.reconciler import ClusterRuntime

@@ -285,7 +285,7 @@ def load_tokenizer() -> Any:
     """The bundled SmolLM2 tokenizer, which the mocker and the torch engine both use."""
     from transformers import AutoTokenizer
 
-    from dynask.actors.engine.loader import resolve_model
+    from dynask.actors.models.model_source import resolve_model
 
     return AutoTokenizer.from_pretrained(resolve_model(None).folder)
 

@@ -243,7 +243,7 @@ def _ttft_p99_ms(records: list[RequestRecord]) -> float | None:
 def _tokenizer() -> Any:
     from transformers import AutoTokenizer
 
-    from dynask.actors.engine.loader import resolve_model
+    from dynask.actors.models.model_source import resolve_model
 
     return AutoTokenizer.from_pretrained(resolve_model(None).folder)
 

@@ -224,8 +224,8 @@ def grammar_step_cost(model: str | None, repeats: int = 3) -> list[dict[str, Any
     from dynask.actors.api.structured_output import StructuredOutput
     from dynask.actors.engine.config import EngineConfig
     from dynask.actors.engine.engine import LLMEngine
-    from dynask.actors.engine.loader import resolve_model
     from dynask.actors.engine.model_runner import ModelRunner
+    from dynask.actors.models.model_source import resolve_model
     from dynask.control_plane.api.chat_output import ChatOptions, plan_chat
     from dynask.control_plane.api.tools.tool_request import parse_tool_request
 

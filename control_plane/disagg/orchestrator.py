@@ -54,7 +54,7 @@ Submit = Callable[[bytes], Awaitable[None]]
 
 
 def _transports() -> tuple[str, ...]:
-    from dynask.kv.transfer import TRANSPORTS  # imports torch: only when flags are built
+    from dynask.kv.transfer import TRANSPORTS
 
     return tuple(TRANSPORTS)
 

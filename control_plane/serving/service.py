@@ -25,6 +25,7 @@ from opentelemetry.trace import NoOpTracer, Tracer
 
 from dynask.actors.api.outputs import RequestOutput
 from dynask.actors.api.sampling_params import SamplingParamError, SamplingParams
+from dynask.actors.models.tokenizer_folder import load_tokenizer
 from dynask.control_plane.disagg.orchestrator import DisaggOptions, DisaggOrchestrator
 from dynask.control_plane.observability.tracing import prepare_attributes
 from dynask.control_plane.reliability.migration import RequestMigration
@@ -327,12 +328,10 @@ class ServingService:
 
 def tokenizer_from_files(files: dict[str, bytes]) -> Any:
     """A tokenizer rebuilt from the files an actor sent (the control plane has no weights)."""
-    from transformers import AutoTokenizer
-
     with tempfile.TemporaryDirectory() as folder:
         for name, data in files.items():
             (Path(folder) / name).write_bytes(data)
-        return AutoTokenizer.from_pretrained(folder)
+        return load_tokenizer(Path(folder))
 
 
 def _quoted(text: str) -> str:

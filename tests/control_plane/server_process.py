@@ -45,7 +45,7 @@ def wait_healthy(
                 return
         except httpx.HTTPError:
             pass
-        time.sleep(0.5)
+        time.sleep(0.1)
     raise TimeoutError(f"server not healthy after {timeout}s:\n{log.read_text()[-3000:]}")
 
 
@@ -78,7 +78,7 @@ def wait_for_log(
             return
         if proc.poll() is not None:
             raise RuntimeError(f"exited with {proc.returncode}:\n{log.read_text()}")
-        time.sleep(0.3)
+        time.sleep(0.1)
     raise TimeoutError(f"no {text!r} after {timeout}s:\n{log.read_text()}")
 
 
@@ -101,5 +101,23 @@ def wait_for_engines(
         engines = httpx.get(f"{base_url}/v1/engines", headers=headers, timeout=10).json()
         if len(engines) >= count:
             return list(engines)
-        time.sleep(0.5)
+        time.sleep(0.1)
     raise TimeoutError(f"fewer than {count} engines after {timeout}s")
+
+
+def maps_torch(pid: int) -> bool:
+    """Whether process ``pid`` has torch's native library mapped (it imported torch)."""
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+
+def server_processes(base_url: str) -> list[int]:
+    """The ``dynask`` process this test session started serving ``base_url``, then every
+    process below it (its workers and Dask's helpers)."""
+    import psutil
+
+    port = base_url.rsplit(":", 1)[1]
+    for child in psutil.Process().children(recursive=True):
+        argv = child.cmdline()
+        if "--port" in argv and argv[argv.index("--port") + 1] == port:
+            return [child.pid, *(p.pid for p in child.children(recursive=True))]
+    raise LookupError(f"no process of this session serves {base_url}")

@@ -206,7 +206,7 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: flo
         try:
             # Starting up (replaying its log), Prometheus answers 503 "Service Unavailable".
             if httpx.get(f"{url}/-/ready", timeout=10).status_code != 200:
-                time.sleep(1)
+                time.sleep(0.25)
                 continue
             # Two scrapes of dynask (and time for a rate over them to see the traffic),
             # then every rule evaluated at least once without error.
@@ -215,7 +215,7 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: flo
                 return
         except httpx.HTTPError:
             pass
-        time.sleep(1)
+        time.sleep(0.25)
     raise TimeoutError(f"prometheus did not scrape and evaluate in {timeout}s:\n{log.read_text()}")
 
 

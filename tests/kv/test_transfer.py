@@ -22,6 +22,7 @@ from dynask.kv.transfer import (
     make_transport,
 )
 from dynask.kv.transfer_tcp import TCPTransport
+from tests.system_tools import require_module
 
 KINDS = ["tcp", "ucxx"]
 
@@ -33,7 +34,7 @@ def kv_blocks(blocks: int, seed: int, dtype: torch.dtype = torch.float32) -> tor
 
 def run_pair(kind: str, body: Callable[[KVTransport, KVTransport, str], Awaitable[None]]) -> None:
     if kind == "ucxx":
-        pytest.importorskip("ucxx")
+        require_module("ucxx", "ucxx-cu12")
 
     async def main() -> None:
         sender, receiver = make_transport(kind), make_transport(kind)

@@ -5,7 +5,6 @@ real browser against a real ``dynask run`` of the scripted agent engine
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from playwright.sync_api import Page, expect, sync_playwright
 
 from tests.control_plane import server_process as sp
 from tests.control_plane.api.agents.conftest import SCRIPT
+from tests.system_tools import require
 
 CHROMIUM = "/usr/bin/chromium"
 PASSWORD = "agent-chat-password"
@@ -28,14 +28,12 @@ TOOLS = [
     }
 ]
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason=f"{CHROMIUM} is not installed"),
-]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def page(tiny_llama_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Page]:
+    chromium = require(CHROMIUM)  # fails naming the package: this test never skips
     folder = tmp_path_factory.mktemp("agent-chat")
     args = [f"out=python:{SCRIPT}", str(tiny_llama_folder), "--model-name", "agent"]
     args += ["--reasoning-parser", "deepseek_r1"]
@@ -44,7 +42,7 @@ def page(tiny_llama_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     with sp.dynask_run(folder, args, env) as (base, _), sync_playwright() as playwright:
         sp.wait_for_engines(base, 1)
         browser = playwright.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
+            executable_path=chromium, headless=True, args=["--no-sandbox"]
         )
         page = browser.new_context(base_url=base).new_page()
         page.set_default_timeout(TIMEOUT_MS)

@@ -51,7 +51,8 @@ from dynask.actors.backends.backend_kit import (
 from dynask.actors.backends.vllm.args import VLLMArgs
 from dynask.actors.backends.vllm.kv_events import KVCacheMirror, KVEventSubscriber
 from dynask.actors.backends.vllm.stats import VLLMLoad, stat_logger_factory
-from dynask.actors.engine.loader import load_tokenizer, resolve_model
+from dynask.actors.models.model_source import resolve_model
+from dynask.actors.models.tokenizer_folder import load_tokenizer
 from dynask.kv.events import KVEventLog
 from dynask.kv.prefix_index import KVCacheDump
 

@@ -13,7 +13,7 @@ from dynask.actors.api.engine_protocol import Engine
 from dynask.actors.api.outputs import FinishReason, RequestOutput, Usage
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.backends.echo import EchoEngine
-from dynask.actors.engine.loader import load_tokenizer
+from dynask.actors.models.tokenizer_folder import load_tokenizer
 
 TEXT = "Hello world, this is a test. Stop here please."
 

@@ -22,7 +22,7 @@ from dynask.actors.backends.mocker import (
     simulated_step_ms,
     sleep_seconds,
 )
-from dynask.actors.engine.loader import load_tokenizer
+from dynask.actors.models.tokenizer_folder import load_tokenizer
 from dynask.kv.events import BlockStored
 from dynask.kv.hashing import SequenceHash, chain_hash, local_block_hash
 

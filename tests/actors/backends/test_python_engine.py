@@ -15,7 +15,7 @@ from dynask.actors.api.engine_protocol import Engine
 from dynask.actors.api.outputs import RequestOutput, Usage
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.backends.python_file import PythonEngine, load_generate
-from dynask.actors.engine.loader import load_tokenizer
+from dynask.actors.models.tokenizer_folder import load_tokenizer
 
 PROMPT = [19556, 905, 28, 451]  # "Hello world, this"
 

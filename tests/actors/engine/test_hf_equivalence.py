@@ -54,7 +54,7 @@ def test_smollm2_gguf_matches_hf(smollm2_folder: Path) -> None:
     """The bundled GGUF, against transformers reading the very same GGUF file."""
     from transformers import AutoModelForCausalLM
 
-    from dynask.actors.engine.loader import default_model_path
+    from dynask.actors.models.model_source import default_model_path
 
     engine = make_engine(smollm2_folder)
     chat = engine.apply_chat_template(

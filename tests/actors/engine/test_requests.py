@@ -10,7 +10,7 @@ import pytest
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.engine.config import EngineConfig
 from dynask.actors.engine.engine import LLMEngine
-from dynask.actors.engine.loader import ModelNotFoundError
+from dynask.actors.models.model_source import ModelNotFoundError
 from tests.actors.engine.helpers import make_engine, prompts_of_lengths
 
 

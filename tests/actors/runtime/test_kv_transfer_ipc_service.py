@@ -8,16 +8,11 @@ from typing import Any
 
 from dynask.actors.engine.engine import LLMEngine
 from tests.actors.engine.helpers import prompts_of_lengths
-from tests.actors.runtime.test_kv_transfer_service import (  # noqa: F401 (fixture)
-    GREEDY,
-    all_blocks_free,
-    llama_engines,
-    pair,
-)
+from tests.actors.runtime.test_kv_transfer_service import GREEDY, all_blocks_free, pair
 
 
 def test_kv_that_never_comes_times_out_into_a_local_prefill(
-    llama_engines: list[LLMEngine],  # noqa: F811
+    llama_engines: list[LLMEngine],
 ) -> None:
     aggregated_engine, prefill_engine, decode_engine = llama_engines
     prompt = prompts_of_lengths([45], seed=11)[0]
@@ -46,7 +41,7 @@ def test_kv_that_never_comes_times_out_into_a_local_prefill(
 
 
 def test_client_gone_during_transfer_writes_nothing_and_frees_both_sides(
-    llama_engines: list[LLMEngine],  # noqa: F811
+    llama_engines: list[LLMEngine],
 ) -> None:
     _, prefill_engine, decode_engine = llama_engines
     prompt = prompts_of_lengths([41], seed=12)[0]

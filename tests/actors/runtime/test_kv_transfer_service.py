@@ -25,10 +25,11 @@ from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.backends.mocker import MockerConfig, build_mocker_engine
 from dynask.actors.engine.engine import LLMEngine
 from dynask.actors.engine.kv_handoff import movable_blocks
-from dynask.actors.engine.loader import load_tokenizer
+from dynask.actors.models.tokenizer_folder import load_tokenizer
 from dynask.actors.runtime.kv_transfer_service import KVTransferService
 from dynask.kv.transfer import TransferError, TransferHeader, make_transport
-from tests.actors.engine.helpers import TEST_DEVICE, make_engine, prompts_of_lengths
+from tests.actors.engine.helpers import TEST_DEVICE, prompts_of_lengths
+from tests.system_tools import require_module
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 
@@ -86,22 +87,12 @@ def all_blocks_free(engine: LLMEngine) -> bool:
     return stats.num_free_kv_blocks == stats.num_kv_blocks
 
 
-@pytest.fixture(scope="module")
-def llama_engines(tiny_llama_folder: Path) -> Any:
-    engines = [make_engine(tiny_llama_folder, block_size=8) for _ in range(3)]
-    for engine in engines:
-        engine.start()
-    yield engines
-    for engine in engines:
-        engine.shutdown()
-
-
 @pytest.mark.parametrize("kind", ["tcp", "ucxx", "cuda_ipc"])
 def test_greedy_output_equals_aggregated_for_concurrent_requests(
     llama_engines: list[LLMEngine], kind: str
 ) -> None:
     if kind == "ucxx":
-        pytest.importorskip("ucxx")
+        require_module("ucxx", "ucxx-cu12")
     if kind == "cuda_ipc" and TEST_DEVICE != "cpu":
         pytest.skip("CUDA IPC needs two processes: tests/kv/test_transfer_ipc_cuda.py")
     aggregated_engine, prefill_engine, decode_engine = llama_engines

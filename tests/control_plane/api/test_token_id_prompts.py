@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dynask.actors.engine.sequence import check_prompt
+from dynask.actors.api.engine_inputs import check_prompt
 from dynask.control_plane.api.errors import APIError
 from dynask.control_plane.api.request_fields import check_encodable
 from dynask.control_plane.api.request_schema import parse_completion

@@ -128,6 +128,7 @@ def test_serve_on_a_real_cluster_then_restore_from_the_database(
             extra_body={"ignore_eos": True},
         )
         assert reply.usage is not None and reply.usage.completion_tokens == 5
+        assert not sp.maps_torch(proc.pid)  # the engines' workers load torch, serve never
     finally:
         sp.stop(proc)
 

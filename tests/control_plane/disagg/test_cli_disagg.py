@@ -15,6 +15,7 @@ from dynask.control_plane.cli.main import _parser, main
 from dynask.control_plane.cluster.deploy_file import read_deploy_file
 from dynask.control_plane.state.deployment import DeploymentSpec, Role
 from tests.control_plane import server_process as sp
+from tests.system_tools import require_module
 
 AGGREGATED = DeploymentSpec("default", engine="mocker", served_model_name="m")
 
@@ -90,7 +91,7 @@ def test_dynask_run_with_prefill_and_decode_workers(
     tokenizer_folder: Path, tmp_path: Path, transport: str
 ) -> None:
     if transport == "ucxx":
-        pytest.importorskip("ucxx")
+        require_module("ucxx", "ucxx-cu12")
     args = ["--out", "mocker", str(tokenizer_folder), "--model-name", "m"]
     args += ["--prefill-workers", "1", "--decode-workers", "1", "--remote-prefill-min-tokens", "1"]
     args += ["--kv-transport", transport]

@@ -29,6 +29,7 @@ from tests.control_plane.routing_stack import (
     cluster_with_actors,
     serving_stack,
 )
+from tests.system_tools import require_module
 
 ROLES = ["prefill", "decode"]
 LLAMA_ARGS = {"block_size": 8, "num_kv_blocks": 256}
@@ -57,7 +58,7 @@ def assert_all_blocks_free(stats: list[dict[str, Any]]) -> None:
 @pytest.mark.parametrize("kind", ["tcp", "ucxx"])
 def test_greedy_output_equals_aggregated(tiny_llama_folder: Path, kind: str) -> None:
     if kind == "ucxx":
-        pytest.importorskip("ucxx")
+        require_module("ucxx", "ucxx-cu12")
     prompts = prompts_of_lengths([20, 33, 47, 58, 71, 90, 12, 100], seed=7)
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     reference = make_engine(tiny_llama_folder, **LLAMA_ARGS)

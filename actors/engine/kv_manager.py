@@ -71,16 +71,15 @@ class KVCacheManager:
         a fully cached prompt reuses all but its last block. The blocks' hashes are the
         sequence's own (``full_block_hashes``), computed once however often it is looked up.
         """
-        tokens = seq.token_ids()
-        num_blocks = (len(tokens) - 1) // self.block_size
-        hashes = self.full_block_hashes(seq, num_blocks, tokens)
+        num_blocks = (seq.num_tokens - 1) // self.block_size
+        hashes = self.full_block_hashes(seq, num_blocks)
         if self.offload is not None:  # the lower tiers check every block's tokens
-            chunks = [self._chunk(tokens, index) for index in range(num_blocks)]
+            chunks = [self._block_tokens(seq, index) for index in range(num_blocks)]
             return self._lookup(hashes, chunks, lower_tiers=True)
         # Only the blocks whose hash is cached have their tokens compared (a long prompt's
         # tail is usually a miss: slicing it would cost more than the lookup).
         hit = self.pool.num_cached_prefix(hashes)
-        return self._lookup(hashes[:hit], [self._chunk(tokens, i) for i in range(hit)])
+        return self._lookup(hashes[:hit], [self._block_tokens(seq, i) for i in range(hit)])
 
     def lookup_tokens(
         self, tokens: list[int], seed: int, *, lower_tiers: bool = False
@@ -102,20 +101,26 @@ class KVCacheManager:
             lower = self.offload.find(hashes[hit:], chunks[hit:])
         return PrefixHit(blocks, hashes[:hit], lower)
 
-    def full_block_hashes(
-        self, seq: Sequence, num_blocks: int, tokens: list[int] | None = None
-    ) -> list[SequenceHash]:
-        """The sequence hashes of ``seq``'s first ``num_blocks`` full blocks (``tokens``:
-        its ``token_ids()``, when the caller has them), hashed once per request."""
+    def full_block_hashes(self, seq: Sequence, num_blocks: int) -> list[SequenceHash]:
+        """The sequence hashes of ``seq``'s first ``num_blocks`` full blocks, hashed once
+        per request."""
         memo = seq.hashed_blocks
-        if len(memo) < num_blocks:
-            tokens = seq.token_ids() if tokens is None else tokens
-            parent = memo[-1] if memo else None
-            for index in range(len(memo), num_blocks):
-                chunk = self._chunk(tokens, index)
-                parent = chain_hash(parent, local_block_hash(chunk, seq.hash_seed), seq.hash_seed)
-                memo.append(parent)
+        parent = memo[-1] if memo else None
+        for index in range(len(memo), num_blocks):
+            chunk = self._block_tokens(seq, index)
+            parent = chain_hash(parent, local_block_hash(chunk, seq.hash_seed), seq.hash_seed)
+            memo.append(parent)
         return memo[:num_blocks]
+
+    def _block_tokens(self, seq: Sequence, index: int) -> list[int]:
+        """Block ``index`` of ``seq.token_ids()``, without copying the whole sequence (a
+        prompt runs to 100k+ tokens; ``token_ids()`` copies all of them)."""
+        start, end = index * self.block_size, (index + 1) * self.block_size
+        prompt = seq.prompt_token_ids
+        if end <= len(prompt):
+            return prompt[start:end]
+        head = prompt[start:] if start < len(prompt) else []
+        return head + seq.output_token_ids[max(0, start - len(prompt)) : end - len(prompt)]
 
     def store_prefix(
         self, tokens: list[int], seed: int, num_blocks: int, write: Callable[[list[int]], None]
@@ -204,9 +209,8 @@ class KVCacheManager:
         first = len(seq.block_hashes)
         if first >= full:
             return
-        tokens = seq.token_ids()
-        hashes = self.full_block_hashes(seq, full, tokens)[first:]
-        chunks = [self._chunk(tokens, index) for index in range(first, full)]
+        hashes = self.full_block_hashes(seq, full)[first:]
+        chunks = [self._block_tokens(seq, index) for index in range(first, full)]
         parent = seq.block_hashes[-1] if first else None
         self.pool.cache_blocks(seq.blocks[first:full], hashes, parent, chunks)
         seq.block_hashes.extend(hashes)

@@ -321,3 +321,27 @@ def test_a_readers_departure_aborts_its_requests_and_frees_their_blocks_only(
             await proxy.stop()
 
     asyncio.run(main())
+
+
+def test_an_engine_actor_stops_its_workers_profiler(smollm2_folder: Path) -> None:
+    async def main() -> None:
+        async with (
+            LocalCluster(
+                n_workers=1, processes=False, asynchronous=True, dashboard_address=None
+            ) as cluster,
+            Client(cluster, asynchronous=True) as client,
+        ):
+            worker = next(iter(cluster.workers.values()))
+            profiler = worker.periodic_callbacks["profile"]
+            assert profiler.is_running()
+            spec = EngineSpec(kind="echo", model=str(smollm2_folder))
+            proxy = await client.submit(EngineActor, spec, "actor-0", actor=True)
+            await proxy.start()
+            try:
+                assert not profiler.is_running()
+                assert not worker.periodic_callbacks["profile-cycle"].is_running()
+                assert worker.periodic_callbacks["heartbeat"].is_running()
+            finally:
+                await proxy.stop()
+
+    asyncio.run(main())

@@ -170,7 +170,7 @@ def profile_summary(folder: Path, top: int = 30) -> dict[str, Any]:
             own[frames[-1]] += count
             for frame in set(frames):
                 inclusive[frame] += count
-    share = {"samples": total}
+    share: dict[str, Any] = {"samples": total}
     for name, counter in (("self", own), ("inclusive", inclusive)):
         share[name] = {f: round(n / total, 4) for f, n in counter.most_common(top)} if total else {}
     return share

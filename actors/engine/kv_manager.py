@@ -16,7 +16,7 @@ from dynask.actors.engine.sequence import Sequence
 from dynask.kv.block import ceil_div
 from dynask.kv.block_pool import Block, BlockPool, CachedBlock
 from dynask.kv.events import KVEventLog
-from dynask.kv.hashing import SequenceHash, chain_hash, local_block_hash
+from dynask.kv.hashing import SequenceHash, chain_hash, local_block_hash, local_block_hashes
 from dynask.kv.offload import KVOffload, Onboarding
 
 
@@ -105,11 +105,15 @@ class KVCacheManager:
         """The sequence hashes of ``seq``'s first ``num_blocks`` full blocks, hashed once
         per request."""
         memo = seq.hashed_blocks
-        parent = memo[-1] if memo else None
-        for index in range(len(memo), num_blocks):
-            chunk = self._block_tokens(seq, index)
-            parent = chain_hash(parent, local_block_hash(chunk, seq.hash_seed), seq.hash_seed)
-            memo.append(parent)
+        first = len(memo)
+        if first < num_blocks:  # the new blocks' tokens packed once (``local_block_hashes``)
+            size, prompt = self.block_size, seq.prompt_token_ids
+            start, end = first * size, num_blocks * size
+            tokens = prompt[start:end] if end <= len(prompt) else seq.token_ids()[start:end]
+            parent = memo[-1] if memo else None
+            for local in local_block_hashes(tokens, size, seq.hash_seed):
+                parent = chain_hash(parent, local, seq.hash_seed)
+                memo.append(parent)
         return memo[:num_blocks]
 
     def _block_tokens(self, seq: Sequence, index: int) -> list[int]:

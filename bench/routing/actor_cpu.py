@@ -153,11 +153,12 @@ def _spy(pid: int, folder: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def profile_summary(folder: Path, top: int = 30) -> dict[str, Any]:
-    """Self and inclusive shares of the sampled functions (dynask's, or the leaf's module
-    when the leaf is not ours), over every worker's samples."""
+def profile_summary(folder: Path, top: int = 45) -> dict[str, Any]:
+    """Self and inclusive shares of the sampled functions over every worker's samples, and
+    the share of each of the worker's periodic callbacks (Dask's own timers)."""
     own: collections.Counter[str] = collections.Counter()
     inclusive: collections.Counter[str] = collections.Counter()
+    periodic: collections.Counter[str] = collections.Counter()
     total = 0
     for path in folder.glob("worker-*.txt"):
         for line in path.read_text().splitlines():
@@ -170,8 +171,12 @@ def profile_summary(folder: Path, top: int = 30) -> dict[str, Any]:
             own[frames[-1]] += count
             for frame in set(frames):
                 inclusive[frame] += count
+            for position, frame in enumerate(frames[:-1]):
+                if frame.startswith("PeriodicCallback._run "):
+                    periodic[frames[position + 1]] += count
+                    break
     share: dict[str, Any] = {"samples": total}
-    for name, counter in (("self", own), ("inclusive", inclusive)):
+    for name, counter in (("self", own), ("inclusive", inclusive), ("periodic", periodic)):
         share[name] = {f: round(n / total, 4) for f, n in counter.most_common(top)} if total else {}
     return share
 

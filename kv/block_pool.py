@@ -13,8 +13,9 @@ Design decisions:
 - Only the first block to register a hash is cached; a later block with the same
   contents is a duplicate that simply returns to the free queue uncached.
 - Every change to the cache is reported to the optional ``KVEventLog`` so the router can
-  mirror it: ``BlockStored`` per registered block, one ``BlockRemoved`` per ``allocate``
-  call that evicted, ``AllBlocksCleared`` on reset.
+  mirror it: one ``BlockStored`` per run of blocks a ``cache_blocks`` call registered
+  (each block the parent of the next), one ``BlockRemoved`` per ``allocate`` call that
+  evicted, ``AllBlocksCleared`` on reset.
 - An optional eviction listener (``set_eviction_listener``) sees each evicted block's id
   and identity *before* the block is handed out again, while its KV is still intact: the
   offload tiers (``kv.offload``) copy it to host memory or disk there.
@@ -25,6 +26,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 from dynask.kv.block import Block, BlockId
 from dynask.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventLog
@@ -149,6 +151,15 @@ class BlockPool:
             hits.append(block)
         return hits
 
+    def num_cached_prefix(self, hashes: Sequence[SequenceHash]) -> int:
+        """How many leading ``hashes`` the cache holds (by hash alone: ``get_cached_blocks``
+        still compares their tokens)."""
+        cached = self._cached
+        for position, block_hash in enumerate(hashes):
+            if block_hash not in cached:
+                return position
+        return len(hashes)
+
     def touch(self, blocks: Sequence[Block]) -> None:
         """Take a reference on each block; a free one leaves the free queue (prefix hit)."""
         for block in blocks:
@@ -209,17 +220,74 @@ class BlockPool:
         the block is already registered under ``block_hash``, or another block holds
         that hash (this one is then a duplicate and stays uncached).
         """
-        tokens = tuple(token_ids)
-        self._check_cacheable(block, block_hash, tokens)
-        if not self._enable_prefix_caching or block.block_hash == block_hash:
-            return False
-        if block_hash in self._cached:
+        return self.cache_blocks([block], [block_hash], parent_hash, [token_ids]) == 1
+
+    def cache_blocks(
+        self,
+        blocks: Sequence[Block],
+        block_hashes: Sequence[SequenceHash],
+        parent_hash: SequenceHash | None,
+        token_chunks: Sequence[Sequence[int]],
+    ) -> int:
+        """``cache_block`` for consecutive full blocks of one sequence, each block the
+        parent of the next (``parent_hash`` is the first one's parent); returns how many
+        this call registered.
+
+        One ``BlockStored`` per run of blocks registered here, not one per block (a
+        prompt of 20k tokens is 300+ blocks: per-block events were most of the KV events'
+        cost on both ends of the stream). Every block is checked before any is cached.
+        """
+        if not len(blocks) == len(block_hashes) == len(token_chunks):
+            raise ValueError(
+                f"cache_blocks got {len(blocks)} blocks, {len(block_hashes)} hashes and "
+                f"{len(token_chunks)} token chunks; expected as many of each"
+            )
+        entries = [
+            (block, block_hash, tuple(tokens))
+            for block, block_hash, tokens in zip(blocks, block_hashes, token_chunks, strict=True)
+        ]
+        for block, block_hash, tokens in entries:
+            self._check_cacheable(block, block_hash, tokens)
+        if not self._enable_prefix_caching:
+            return 0
+        run: list[tuple[SequenceHash, tuple[int, ...]]] = []
+        run_parent = parent = parent_hash
+        registered = 0
+        for block, block_hash, tokens in entries:
+            if self._register(block, block_hash, parent, tokens):
+                if not run:
+                    run_parent = parent
+                run.append((block_hash, tokens))
+                registered += 1
+            else:
+                self._emit_stored(run, run_parent)
+                run = []
+            parent = block_hash
+        self._emit_stored(run, run_parent)
+        return registered
+
+    def _register(
+        self,
+        block: Block,
+        block_hash: SequenceHash,
+        parent_hash: SequenceHash | None,
+        tokens: tuple[int, ...],
+    ) -> bool:
+        if block.block_hash == block_hash or block_hash in self._cached:
             return False
         block.block_hash, block.token_ids = block_hash, tokens
         self._cached[block_hash] = block
         self._parent_of[block_hash] = parent_hash
-        self._emit(BlockStored((block_hash,), parent_hash, tokens, self._block_size))
         return True
+
+    def _emit_stored(
+        self, run: list[tuple[SequenceHash, tuple[int, ...]]], parent_hash: SequenceHash | None
+    ) -> None:
+        if not run:
+            return
+        hashes = tuple(block_hash for block_hash, _ in run)
+        tokens = run[0][1] if len(run) == 1 else tuple(chain.from_iterable(c for _, c in run))
+        self._emit(BlockStored(hashes, parent_hash, tokens, self._block_size))
 
     def reset_prefix_cache(self) -> bool:
         """Drop the whole prefix cache and emit ``AllBlocksCleared``.

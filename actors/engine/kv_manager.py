@@ -16,7 +16,7 @@ from dynask.actors.engine.sequence import Sequence
 from dynask.kv.block import ceil_div
 from dynask.kv.block_pool import Block, BlockPool, CachedBlock
 from dynask.kv.events import KVEventLog
-from dynask.kv.hashing import SequenceHash, chain_hash, local_block_hash
+from dynask.kv.hashing import SequenceHash, chain_hash, local_block_hash, local_block_hashes
 from dynask.kv.offload import KVOffload, Onboarding
 
 
@@ -68,10 +68,18 @@ class KVCacheManager:
         """Cached blocks for the sequence's leading full blocks.
 
         At least one token is always left to compute (its logits give the next token), so
-        a fully cached prompt reuses all but its last block.
+        a fully cached prompt reuses all but its last block. The blocks' hashes are the
+        sequence's own (``full_block_hashes``), computed once however often it is looked up.
         """
-        tokens = seq.token_ids()
-        return self.lookup_tokens(tokens[: len(tokens) - 1], seq.hash_seed, lower_tiers=True)
+        num_blocks = (seq.num_tokens - 1) // self.block_size
+        hashes = self.full_block_hashes(seq, num_blocks)
+        if self.offload is not None:  # the lower tiers check every block's tokens
+            chunks = [self._block_tokens(seq, index) for index in range(num_blocks)]
+            return self._lookup(hashes, chunks, lower_tiers=True)
+        # Only the blocks whose hash is cached have their tokens compared (a long prompt's
+        # tail is usually a miss: slicing it would cost more than the lookup).
+        hit = self.pool.num_cached_prefix(hashes)
+        return self._lookup(hashes[:hit], [self._block_tokens(seq, i) for i in range(hit)])
 
     def lookup_tokens(
         self, tokens: list[int], seed: int, *, lower_tiers: bool = False
@@ -81,12 +89,42 @@ class KVCacheManager:
         Device tier only, unless ``lower_tiers`` (then ``PrefixHit.lower`` continues it).
         """
         chunks, hashes = self._hash_blocks(tokens, seed, len(tokens) // self.block_size)
+        return self._lookup(hashes, chunks, lower_tiers=lower_tiers)
+
+    def _lookup(
+        self, hashes: list[SequenceHash], chunks: list[list[int]], *, lower_tiers: bool = False
+    ) -> PrefixHit:
         blocks = self.pool.get_cached_blocks(hashes, chunks)
         hit = len(blocks)
         lower = []
         if lower_tiers and self.offload is not None:
             lower = self.offload.find(hashes[hit:], chunks[hit:])
         return PrefixHit(blocks, hashes[:hit], lower)
+
+    def full_block_hashes(self, seq: Sequence, num_blocks: int) -> list[SequenceHash]:
+        """The sequence hashes of ``seq``'s first ``num_blocks`` full blocks, hashed once
+        per request."""
+        memo = seq.hashed_blocks
+        first = len(memo)
+        if first < num_blocks:  # the new blocks' tokens packed once (``local_block_hashes``)
+            size, prompt = self.block_size, seq.prompt_token_ids
+            start, end = first * size, num_blocks * size
+            tokens = prompt[start:end] if end <= len(prompt) else seq.token_ids()[start:end]
+            parent = memo[-1] if memo else None
+            for local in local_block_hashes(tokens, size, seq.hash_seed):
+                parent = chain_hash(parent, local, seq.hash_seed)
+                memo.append(parent)
+        return memo[:num_blocks]
+
+    def _block_tokens(self, seq: Sequence, index: int) -> list[int]:
+        """Block ``index`` of ``seq.token_ids()``, without copying the whole sequence (a
+        prompt runs to 100k+ tokens; ``token_ids()`` copies all of them)."""
+        start, end = index * self.block_size, (index + 1) * self.block_size
+        prompt = seq.prompt_token_ids
+        if end <= len(prompt):
+            return prompt[start:end]
+        head = prompt[start:] if start < len(prompt) else []
+        return head + seq.output_token_ids[max(0, start - len(prompt)) : end - len(prompt)]
 
     def store_prefix(
         self, tokens: list[int], seed: int, num_blocks: int, write: Callable[[list[int]], None]
@@ -101,10 +139,7 @@ class KVCacheManager:
         blocks = self.pool.allocate(num_blocks)
         try:
             write([int(b.block_id) for b in blocks])
-            parent: SequenceHash | None = None
-            for block, block_hash, chunk in zip(blocks, hashes, chunks, strict=True):
-                self.pool.cache_block(block, block_hash, parent, chunk)
-                parent = block_hash
+            self.pool.cache_blocks(blocks, hashes, None, chunks)
         finally:
             self.pool.free_request_blocks(blocks)
         return num_blocks
@@ -172,19 +207,18 @@ class KVCacheManager:
             self.offload.note_uses(hashes)
 
     def cache_full_blocks(self, seq: Sequence) -> None:
-        """Registers every block that became full and computed in the prefix cache."""
+        """Registers every block that became full and computed in the prefix cache (one
+        ``cache_blocks`` call: one KV event for the step's new blocks, not one per block)."""
         full = seq.num_computed_tokens // self.block_size
-        if len(seq.block_hashes) >= full:
+        first = len(seq.block_hashes)
+        if first >= full:
             return
-        tokens = seq.token_ids()
-        while len(seq.block_hashes) < full:
-            index = len(seq.block_hashes)
-            chunk = self._chunk(tokens, index)
-            parent = seq.block_hashes[-1] if index else None
-            block_hash = chain_hash(parent, local_block_hash(chunk, seq.hash_seed), seq.hash_seed)
-            self.pool.cache_block(seq.blocks[index], block_hash, parent, chunk)
-            seq.block_hashes.append(block_hash)
-            self._note_uses((block_hash,))
+        hashes = self.full_block_hashes(seq, full)[first:]
+        chunks = [self._block_tokens(seq, index) for index in range(first, full)]
+        parent = seq.block_hashes[-1] if first else None
+        self.pool.cache_blocks(seq.blocks[first:full], hashes, parent, chunks)
+        seq.block_hashes.extend(hashes)
+        self._note_uses(hashes)
 
     def free(self, seq: Sequence) -> None:
         """Returns the sequence's blocks, tail first, so shared prefixes are evicted last."""

@@ -146,6 +146,8 @@ class Scheduler:
 
     def _admit_waiting(self, out: SchedulerOutput, budget: _Budget) -> None:
         while self.waiting and len(self.running) < self.config.max_num_seqs:
+            if budget.grant(1, decode=False) == 0:
+                break  # no prefill token left this step: nothing to look up
             seq = self.waiting[0]
             hit = self.kv.lookup_prefix(seq) if seq.num_computed_tokens == 0 else NO_HIT
             cached = hit.num_blocks * self.kv.block_size

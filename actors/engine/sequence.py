@@ -39,6 +39,10 @@ class Sequence:
     num_cached_tokens: int = 0  # prompt tokens that came from the prefix cache (first pass)
     blocks: list[Block] = field(default_factory=list)
     block_hashes: list[SequenceHash] = field(default_factory=list)  # of full, cached blocks
+    # Hashes of the leading full blocks of ``token_ids()`` computed so far, cached or not:
+    # a token never changes once appended, so each block is hashed once per request
+    # (``KVCacheManager.full_block_hashes``), not at every admission attempt.
+    hashed_blocks: list[SequenceHash] = field(default_factory=list)
     num_preemptions: int = 0
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None

@@ -71,6 +71,7 @@ class EngineActor(KVTransferMethods):
             return self._info
         if self.spec.kind in TORCH_KINDS:
             _share_cores_with_other_workers()
+        _stop_worker_profiler()
         keep_tensor_memory()
         engine = await asyncio.to_thread(build_engine, self.spec)
         stream = TokenStreamServer(asyncio.get_running_loop(), _weakly(self._reader_left))
@@ -303,6 +304,24 @@ def _share_cores_with_other_workers() -> None:
     import torch
 
     torch.set_num_threads(max(1, min(threads, os.cpu_count() or 1)))
+
+
+def _stop_worker_profiler() -> None:
+    """Stops the Dask worker's statistical profiler (``distributed.worker.profile``): every
+    10 ms it walks every thread's stack on the worker's event loop, the engine thread's
+    included, holding the GIL the engine and the actor calls need. On the issue-21 trace
+    (mocker actors) it was ~10% of a worker's Python time; the dashboard's worker profile
+    is what is lost. A worker without a profiler (or no worker: in-process) is left as is."""
+    from distributed import get_worker
+
+    try:
+        callbacks = get_worker().periodic_callbacks
+    except ValueError:
+        return
+    for name in ("profile", "profile-cycle"):
+        callback = callbacks.get(name)
+        if callback is not None:
+            callback.stop()
 
 
 def _tokenizer_files(engine: Engine) -> dict[str, bytes]:

@@ -335,3 +335,61 @@ def test_cached_blocks_lists_hash_parent_and_tokens_until_evicted_or_reset():
     assert pool.cached_blocks() == expected[:2]
     assert pool.reset_prefix_cache()
     assert pool.cached_blocks() == []
+
+
+# ---- cache_blocks: one event per run of blocks registered ---------------------------------
+
+B = [1, 2, 3, 4, 9, 9]  # shares A's first two blocks, then differs
+B_HASHES = seq_hashes(B)
+
+
+def test_cache_blocks_emits_one_event_for_consecutive_blocks():
+    pool, log = make_pool()
+    blocks = pool.allocate(3)
+
+    assert pool.cache_blocks(blocks, A_HASHES, None, chunks(A)) == 3
+
+    assert log.drain() == [KVEventRecord(1, BlockStored(tuple(A_HASHES), None, tuple(A), 2))]
+    assert ids(lookup(pool, A)) == [0, 1, 2]
+    assert [b.parent_hash for b in pool.cached_blocks()] == [None, A_HASHES[0], A_HASHES[1]]
+
+
+def test_cache_blocks_continues_a_parent_and_splits_at_duplicates():
+    pool, log = make_pool(num_blocks=6)
+    first = pool.allocate(2)
+    pool.cache_blocks(first[1:], A_HASHES[1:2], A_HASHES[0], [[3, 4]])  # block 1 alone
+    log.drain()
+    blocks = pool.allocate(3)  # 2, 3, 4: the middle one duplicates block 1's hash
+
+    registered = pool.cache_blocks(blocks, A_HASHES, None, chunks(A))
+
+    assert registered == 2
+    assert blocks[1].block_hash is None  # a duplicate stays uncached
+    assert log.drain() == [
+        KVEventRecord(2, BlockStored((A_HASHES[0],), None, (1, 2), 2)),
+        KVEventRecord(3, BlockStored((A_HASHES[2],), A_HASHES[1], (5, 6), 2)),
+    ]
+
+
+def test_cache_blocks_checks_every_block_before_caching_any():
+    pool, log = make_pool()
+    blocks = pool.allocate(2)
+    with pytest.raises(ValueError, match="token_ids has 1 tokens; only full blocks of 2"):
+        pool.cache_blocks(blocks, A_HASHES[:2], None, [[1, 2], [3]])
+    assert pool.num_cached_blocks == 0
+    assert log.drain() == []
+
+
+def test_cache_blocks_lengths_must_agree():
+    pool, _ = make_pool()
+    with pytest.raises(ValueError, match="got 1 blocks, 2 hashes and 1 token chunks"):
+        pool.cache_blocks(pool.allocate(1), A_HASHES[:2], None, [[1, 2]])
+
+
+def test_num_cached_prefix_counts_leading_hashes_only():
+    pool, _ = make_pool(num_blocks=6)
+    run_request(pool, A)
+    assert pool.num_cached_prefix(B_HASHES) == 2
+    assert pool.num_cached_prefix(A_HASHES) == 3
+    assert pool.num_cached_prefix([SequenceHash(12345), *A_HASHES]) == 0
+    assert pool.num_cached_prefix([]) == 0

@@ -9,7 +9,8 @@ from dynask.actors.engine.kv_manager import KVCacheManager
 from dynask.actors.engine.scheduler import Scheduler, SchedulerConfig
 from dynask.actors.engine.sequence import Sequence, SequenceStatus
 from dynask.kv.block_pool import BlockPool
-from dynask.kv.hashing import DEFAULT_SEED
+from dynask.kv.events import BlockStored, KVEventLog, KVEventRecord
+from dynask.kv.hashing import DEFAULT_SEED, block_hashes
 
 
 class _NoText:
@@ -122,3 +123,60 @@ def test_finished_sequences_return_all_blocks() -> None:
 
     assert scheduler.running == []
     assert scheduler.kv.pool.num_free_blocks == 8
+
+
+def test_blocks_are_hashed_once_per_request_and_cached_in_one_event() -> None:
+    events = KVEventLog()
+    pool = BlockPool(16, block_size=4, event_log=events)
+    scheduler = Scheduler(
+        SchedulerConfig(max_num_batched_tokens=6, max_model_len=64),
+        KVCacheManager(pool, block_size=4),
+        frozenset({2}),
+    )
+    a = _seq("a", 9)  # blocks [1000..1003], [1004..1007], then a partial one
+    expected = [pair.sequence for pair in block_hashes(a.prompt_token_ids, 4)]
+    scheduler.add(a)
+
+    assert _plan(scheduler) == [("a", 6)]  # 1 full block computed
+    assert a.hashed_blocks == expected  # both prompt blocks hashed at admission
+    assert _plan(scheduler) == [("a", 3)]
+    assert a.block_hashes == expected
+    assert events.drain() == [
+        KVEventRecord(1, BlockStored((expected[0],), None, (1000, 1001, 1002, 1003), 4)),
+        KVEventRecord(2, BlockStored((expected[1],), expected[0], (1004, 1005, 1006, 1007), 4)),
+    ]
+    scheduler.finish(a, FinishReason.ABORT)
+
+    again = _seq("a", 9)  # the same prompt: a hit on both blocks, found by hash
+    scheduler.add(again)
+    assert _plan(scheduler) == [("a", 1)]
+    assert again.num_cached_tokens == 8
+    assert again.block_hashes == expected
+    assert events.drain() == []
+
+
+def test_a_waiting_sequence_is_not_looked_up_without_budget() -> None:
+    scheduler = _scheduler(16, max_num_batched_tokens=4, max_model_len=64)
+    a, b = _seq("a", 8), _seq("b", 8)
+    scheduler.add(a)
+    scheduler.add(b)
+
+    assert _plan(scheduler) == [("a", 4)]  # the whole budget: b is never looked up
+    assert b.hashed_blocks == []
+    assert _plan(scheduler) == [("a", 4)]
+    assert _plan(scheduler) == [("a", 1), ("b", 3)]
+    assert len(b.hashed_blocks) == 1  # (8 - 1) // 4: the last token is always computed
+
+
+def test_a_block_of_prompt_and_output_tokens_hashes_as_one_sequence() -> None:
+    scheduler = _scheduler(16, max_num_batched_tokens=16, max_model_len=64)
+    a = _seq("a", 6)
+    scheduler.add(a)
+
+    assert _plan(scheduler) == [("a", 6)]
+    assert _plan(scheduler) == [("a", 1)]
+    assert _plan(scheduler) == [("a", 1)]  # 8 computed: prompt[4:6] + two outputs filled
+    assert a.token_ids() == [1000, 1001, 1002, 1003, 1004, 1005, 42, 42, 42]
+    expected = [pair.sequence for pair in block_hashes([*range(1000, 1006), 42, 42], 4)]
+    assert a.block_hashes == expected
+    assert a.hashed_blocks == expected

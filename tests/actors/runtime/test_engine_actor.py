@@ -111,7 +111,7 @@ def test_leaving_a_stream_early_aborts_and_frees_blocks(smollm2_folder: Path) ->
         )
         dump = unpack_kv_dump(await handle.proxy.kv_cache_dump())
         assert len(dump.stored) == 40 // 16  # the prompt's full blocks stay cached
-        assert dump.last_event_id == len(dump.stored)
+        assert dump.last_event_id == 1  # one BlockStored: the prefill step's two blocks
 
     _with_actor(spec, body)
 
@@ -319,5 +319,29 @@ def test_a_readers_departure_aborts_its_requests_and_frees_their_blocks_only(
             stats = await proxy.stats()
             assert stats["num_running"] == 0 and stats["kv_usage"] == 0.0  # nothing held
             await proxy.stop()
+
+    asyncio.run(main())
+
+
+def test_an_engine_actor_stops_its_workers_profiler(smollm2_folder: Path) -> None:
+    async def main() -> None:
+        async with (
+            LocalCluster(
+                n_workers=1, processes=False, asynchronous=True, dashboard_address=None
+            ) as cluster,
+            Client(cluster, asynchronous=True) as client,
+        ):
+            worker = next(iter(cluster.workers.values()))
+            profiler = worker.periodic_callbacks["profile"]
+            assert profiler.is_running()
+            spec = EngineSpec(kind="echo", model=str(smollm2_folder))
+            proxy = await client.submit(EngineActor, spec, "actor-0", actor=True)
+            await proxy.start()
+            try:
+                assert not profiler.is_running()
+                assert not worker.periodic_callbacks["profile-cycle"].is_running()
+                assert worker.periodic_callbacks["heartbeat"].is_running()
+            finally:
+                await proxy.stop()
 
     asyncio.run(main())

@@ -59,3 +59,8 @@ def test_the_engine_names_the_first_id_outside_the_vocabulary(prompt: list[int],
         ValueError, match=rf"^prompt token id {bad} is outside the vocabulary \[0, 8\)$"
     ):
         check_prompt(prompt, max_model_len=16, vocab_size=8)
+
+
+def test_an_id_too_big_for_64_bits_is_named_as_outside_the_vocabulary() -> None:
+    with pytest.raises(ValueError, match=r"^prompt token id 18446744073709551616 is outside"):
+        check_prompt([3, 2**64], max_model_len=16, vocab_size=8)

@@ -103,12 +103,12 @@ def test_lost_events_are_found_by_their_ids_and_resynced_from_a_dump(
         [decision] = await stack.decisions()
         holder = decision["winner"]
         routing = stack.routing
-        assert droppers[holder].dropped == 10  # one BlockStored per block, all lost
+        assert droppers[holder].dropped == 1  # the prefill's 10 blocks in one BlockStored, lost
         assert routing.find_matches(routing.local_hashes(lost)) == {}
         for dropper in droppers.values():
             dropper.dropping = False
 
-        # The holder's next events start at id 11: the index sees the gap and resyncs.
+        # The holder's next event has id 2: the index sees the gap and resyncs.
         later = tokens(seed=4, blocks=3)
         params = SamplingParams(max_tokens=2, ignore_eos=True)
         _ = [o async for o in stack.handle(holder).generate("direct-1", later, params)]
@@ -116,7 +116,7 @@ def test_lost_events_are_found_by_their_ids_and_resynced_from_a_dump(
 
         assert routing.find_matches(routing.local_hashes(lost)) == {holder: 10}
         assert routing.find_matches(routing.local_hashes(later)) == {holder: 3}
-        assert routing.prefix.expected_event_id(holder) == 14
+        assert routing.prefix.expected_event_id(holder) == 3
         sync = routing.sync(holder)
         assert sync is not None and sync.resyncs == 2  # on connect, then after the gap
         metrics = (await stack.http.get("/metrics")).text

@@ -58,6 +58,7 @@ from typing import Any
 
 import httpx
 
+from bench.common.paths import shared_path
 from bench.common.plots import plot
 from bench.common.processes import group_cpu_seconds
 from bench.common.report import code_version, machine_facts, write_json
@@ -79,7 +80,7 @@ from bench.routing.trace_systems import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-TRACE = REPO.parent.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
+TRACE = shared_path("traces", "mooncake_synthetic_trace.jsonl")
 RESULTS = REPO / "bench" / "results"
 DYNASK_MODEL = "bench"  # bench.routing.server.MODEL
 DYNASK_MODES = ("kv", "approximate", "round-robin", "random", "least-loaded")

@@ -15,11 +15,12 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+from bench.common.paths import shared_path
 from bench.common.processes import free_port, spawned, wait_until_ready
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = REPO / ".venv" / "bin" / "python"
-DYNAMO_SCRIPTS = REPO.parent.parent / "shared" / "peers" / "dynamo"
+DYNAMO_SCRIPTS = shared_path("peers", "dynamo")
 DYNAMO_HOME = Path(os.environ.get("PEER_DYNAMO_DIR", Path.home() / ".peer_dynamo"))
 DYNAMO_MODEL = "smollm2"
 READY_TIMEOUT_S = 600.0

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common.load import LoadSpec, build_prompts, new_client, run_load, summarize
+from bench.common.paths import shared_path
 from bench.common.processes import (
     DynamoInstall,
     ServingTarget,
@@ -75,7 +76,7 @@ from bench.serving.report import (
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = REPO / ".venv" / "bin"
 DEFAULT_OUT = REPO / "bench" / "results" / "serve.json"
-DYNAMO_SCRIPTS = REPO.parent / "shared" / "peers" / "dynamo"
+DYNAMO_SCRIPTS = shared_path("peers", "dynamo")
 DYNAMO_SETUP_TIMEOUT_S = 900.0
 SCENARIOS = ("mocker", "torch", "vllm")
 MOCKER_ARGS = {"speedup_ratio": 0}  # no simulated model time: the control plane's ceiling

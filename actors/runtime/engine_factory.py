@@ -30,6 +30,7 @@ from typing import Any
 
 from dynask.actors.api.engine_protocol import Engine
 from dynask.actors.backends.echo import EchoEngine
+from dynask.actors.backends.mocker_config import MockerConfig
 from dynask.actors.backends.openai_forward.args import ForwardArgs, api_base
 from dynask.actors.backends.python_file import PythonEngine, load_generate
 from dynask.actors.backends.vllm.args import VLLMArgs
@@ -55,20 +56,12 @@ def _known_args(kind: str) -> dict[str, Any]:
     if kind == "torch":
         return _config_args(EngineConfig, exclude=("model",))
     if kind == "mocker":
-        return _config_args(_mocker_config())
+        return _config_args(MockerConfig)
     if kind == "vllm":
         return _config_args(VLLMArgs)
     if kind == "openai":
         return _config_args(ForwardArgs)
     return {"delay_s": float, "max_model_len": int} if kind == "echo" else {"max_model_len": int}
-
-
-def _mocker_config() -> type[Any]:
-    """``MockerConfig``, imported when a mocker is asked for: its module is the built-in
-    engine's (torch), which a control plane of echo or vLLM deployments never loads."""
-    from dynask.actors.backends.mocker import MockerConfig
-
-    return MockerConfig
 
 
 @dataclass(frozen=True)
@@ -111,7 +104,7 @@ class EngineSpec:
         elif self.kind == "vllm":
             VLLMArgs(**self.engine_args)
         elif self.kind == "mocker":
-            _mocker_config()(**self.engine_args)
+            MockerConfig(**self.engine_args)
         elif self.kind == "openai":
             ForwardArgs(**self.engine_args)
 
@@ -201,7 +194,7 @@ def build_engine(spec: EngineSpec) -> Engine:
     tokenizer = _tokenizer(spec.model)
     if spec.kind == "echo":
         return EchoEngine(tokenizer, **spec.engine_args)
-    from dynask.actors.backends.mocker import MockerConfig, build_mocker_engine
+    from dynask.actors.backends.mocker import build_mocker_engine
 
     return build_mocker_engine(MockerConfig(**spec.engine_args), tokenizer)
 

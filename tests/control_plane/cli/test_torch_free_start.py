@@ -56,3 +56,24 @@ def test_a_dynask_run_out_echo_loads_torch_in_no_process(echo_server: str) -> No
     processes = sp.server_processes(echo_server)
     assert len(processes) >= 2  # the server and its worker (and Dask's helpers)
     assert [pid for pid in processes if sp.maps_torch(pid)] == []
+
+
+def test_a_mocker_deployment_is_validated_without_torch() -> None:
+    script = (
+        "import sys\n"
+        "from dynask.actors.runtime.engine_factory import EngineSpec\n"
+        "EngineSpec('mocker', engine_args={'block_size': 64, 'speedup_ratio': 0})\n"
+        "try:\n"
+        "    EngineSpec('mocker', engine_args={'block_size': 0})\n"
+        "except ValueError as exc:\n"
+        "    print(exc)\n"
+        "print('torch' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "MockerConfig 'block_size' has value 0; expected an integer >= 1",
+        "False",
+    ]

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
+
 from tests.control_plane import server_process as sp
 
 # What every dynask process and every worker imports: the CLI, the server, the admin UI,
@@ -51,11 +53,24 @@ def test_the_control_plane_loads_a_tokenizer_without_torch(tiny_llama_folder: Pa
     assert done.stdout.split() == ["[28120,", "905]", "False"]
 
 
-def test_a_dynask_run_out_echo_loads_torch_in_no_process(echo_server: str) -> None:
-    assert sp.maps_torch(os.getpid())  # the check sees torch where it is (this process)
-    processes = sp.server_processes(echo_server)
-    assert len(processes) >= 2  # the server and its worker (and Dask's helpers)
-    assert [pid for pid in processes if sp.maps_torch(pid)] == []
+def test_a_dynask_run_out_echo_loads_torch_in_no_process(
+    tiny_llama_folder: Path, tmp_path: Path
+) -> None:
+    # A server of its own, not the session's echo_server: a structured-output request
+    # (xgrammar imports torch) sent to that one by an earlier test would load torch there.
+    args = [str(tiny_llama_folder), "out=echo", "--model-name", "tiny", "--workers", "1"]
+    with sp.dynask_run(tmp_path, args) as (base, _):
+        sp.wait_for_engines(base, 1)
+        answer = httpx.post(
+            f"{base}/v1/completions",
+            json={"model": "tiny", "prompt": "hello world", "max_tokens": 2},
+            timeout=60,
+        )
+        assert answer.status_code == 200, answer.text
+        assert sp.maps_torch(os.getpid())  # the check sees torch where it is (this process)
+        processes = sp.server_processes(base)
+        assert len(processes) >= 2  # the server and its worker (and Dask's helpers)
+        assert [pid for pid in processes if sp.maps_torch(pid)] == []
 
 
 def test_a_mocker_deployment_is_validated_without_torch() -> None:

@@ -46,8 +46,18 @@ lint: $(STAMP)
 typecheck: $(STAMP) .mypy_path/dynask
 	$(VENV)/bin/mypy -p dynask.kv -p dynask.actors -p dynask.control_plane -p dynask.web -p bench
 
+# Without a GPU the Triton kernels' tests skip in the main run (they need CUDA) and run
+# again under Triton's interpreter (TRITON_INTERPRET=1: float32 on the CPU). It is not set
+# for the whole run: every process the tests start would inherit it.
+KERNEL_TESTS := tests/actors/engine/test_paged_kernels.py tests/actors/engine/test_prefill_graph.py \
+  tests/actors/engine/test_skinny_matmul.py tests/actors/engine/test_fused_ops.py \
+  tests/actors/engine/test_cuda_step.py tests/actors/engine/test_unverified_cuda_kernels.py
+
 pytest: $(STAMP)
 	$(VENV)/bin/pytest
+	if ! command -v nvidia-smi >/dev/null 2>&1; then \
+	  TRITON_INTERPRET=1 $(VENV)/bin/pytest -p no:cacheprovider $(KERNEL_TESTS); \
+	fi
 
 # Programs the tests run for real (never skipped): PROGRAM:DEBIAN-PACKAGE. Missing ones
 # are installed with apt where we are root; elsewhere the target fails naming them.

@@ -247,9 +247,9 @@ def test_tokenizing_runs_off_the_event_loop(server: str) -> None:
             time.sleep(0.02)
     big.join()
     start, end = window
-    inside = [1 for began, ended in lives if began > start + 0.2 and ended < end - 0.05]
+    inside = [1 for began, ended in lives if began > start + 0.1 and ended < end - 0.05]
     print(f"tokenized for {end - start:.2f} s; /live answered {len(inside)} times meanwhile")
-    assert end - start > 0.5, "the prompt tokenized too fast to tell; make it longer"
+    assert end - start > 0.3, "the prompt tokenized too fast to tell; make it longer"
     assert len(inside) >= 3, (end - start, lives)
 
 

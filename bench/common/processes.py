@@ -140,9 +140,9 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
 
 
-def group_cpu_seconds(pgid: int) -> float:
-    """CPU seconds of the live processes of a process group."""
-    total = 0.0
+def _pids_where(field: int, value: int) -> list[int]:
+    """The live processes whose stat field number ``field`` (after the name) is ``value``."""
+    found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -150,8 +150,29 @@ def group_cpu_seconds(pgid: int) -> float:
             fields = _stat_fields(int(entry.name))
         except (FileNotFoundError, ProcessLookupError, ValueError):
             continue  # exited while we looked
-        if int(fields[2]) == pgid:
-            total += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+        if int(fields[field]) == value:
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def group_pids(pgid: int) -> list[int]:
+    """The live processes of a process group."""
+    return _pids_where(2, pgid)
+
+
+def child_pids(pid: int) -> list[int]:
+    """The live processes whose parent is ``pid``."""
+    return _pids_where(1, pid)
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """CPU seconds of the live processes of a process group."""
+    total = 0.0
+    for pid in group_pids(pgid):
+        try:
+            total += cpu_seconds(pid)
+        except (FileNotFoundError, ProcessLookupError, ValueError):
+            continue  # exited while we looked
     return total
 
 

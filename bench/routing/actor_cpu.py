@@ -37,8 +37,9 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from bench.common.processes import cpu_seconds, free_port, spawned, wait_until_ready
+from bench.common.processes import child_pids, cpu_seconds, free_port, spawned, wait_until_ready
 from bench.common.report import code_version, machine_facts, write_json
+from bench.common.trees import archive_tree, dynask_namespace
 from bench.routing.trace import PromptBuilder, load_trace, parse_slice
 from bench.routing.trace_client import replay, summarize
 from bench.routing.trace_replay import TRACE, warm_up
@@ -66,17 +67,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def base_tree(ref: str, folder: Path) -> Path:
-    """``ref``'s files under ``folder/tree``, importable as ``dynask`` from ``folder/ns``."""
-    tree, namespace = folder / "tree", folder / "ns"
-    tree.mkdir(parents=True)
-    namespace.mkdir()
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], check=True, stdout=-1)
-    subprocess.run(["tar", "x", "-C", str(tree)], input=archive.stdout, check=True)
-    (namespace / "dynask").symlink_to(tree)
-    return folder
-
-
 @contextmanager
 def server(tree: Path, namespace: Path, args: argparse.Namespace, workdir: Path, name: str):
     """A ``bench.routing.server`` of ``tree`` (the dynask namespace from ``namespace``, so
@@ -95,22 +85,8 @@ def server(tree: Path, namespace: Path, args: argparse.Namespace, workdir: Path,
         yield url, process.pid
 
 
-def children(pid: int) -> list[int]:
-    """The live processes whose parent is ``pid`` (the Dask workers of a server)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                text = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(text[text.rindex(")") + 2 :].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
-
-
 def workers_of(pid: int) -> list[int]:
-    return [p for p in children(pid) if "dask worker" in _cmdline(p)]
+    return [p for p in child_pids(pid) if "dask worker" in _cmdline(p)]
 
 
 def _cmdline(pid: int) -> str:
@@ -197,11 +173,11 @@ def main(argv: list[str]) -> int:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="actor-cpu-") as tmp:
         work = Path(tmp)
-        base = base_tree(args.base, work / "base")
-        new_ns = work / "new-ns"
-        new_ns.mkdir()
-        (new_ns / "dynask").symlink_to(REPO)
-        trees = {"base": (base / "tree", base / "ns"), "new": (REPO, new_ns)}
+        base = archive_tree(args.base, work / "base")
+        trees = {
+            "base": (base, dynask_namespace(base, work)),
+            "new": (REPO, dynask_namespace(REPO, work)),
+        }
         profile = work / "profile" if args.profile else None
         if profile is not None:
             profile.mkdir()

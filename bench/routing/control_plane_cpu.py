@@ -36,6 +36,7 @@ from bench.common.processes import (
     wait_until_ready,
 )
 from bench.common.report import code_version, machine_facts, write_json
+from bench.common.trees import dynask_namespace
 from bench.routing.trace import PromptBuilder, load_trace, parse_slice
 from bench.routing.trace_client import replay, summarize
 from bench.routing.trace_replay import TRACE, warm_up
@@ -44,7 +45,6 @@ from bench.routing.trace_systems import PYTHON, READY_TIMEOUT_S, matched_timing
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results"
 MODEL = "bench"  # bench.routing.server.MODEL
-PACKAGES = ("kv", "actors", "control_plane", "web", "migrations")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -61,17 +61,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def namespace_for(tree: Path, workdir: Path) -> Path:
-    """A folder whose ``dynask`` namespace is ``tree``'s packages (as the Makefile's)."""
-    root = workdir / f"ns-{abs(hash(str(tree)))}"
-    (root / "dynask").mkdir(parents=True, exist_ok=True)
-    for package in PACKAGES:
-        link = root / "dynask" / package
-        if not link.exists():
-            link.symlink_to(tree / package)
-    return root
-
-
 def run_phase(
     tree: Path, args: argparse.Namespace, requests: list[Any], salt: int, workdir: Path
 ) -> dict[str, Any]:
@@ -82,7 +71,7 @@ def run_phase(
         f"--engine-args '{engine_args}' --actors {args.actors} --workers {args.workers} "
         f"--port {port}"
     )
-    env = {**os.environ, "PYTHONPATH": f"{namespace_for(tree, workdir)}:{tree}"}
+    env = {**os.environ, "PYTHONPATH": f"{dynask_namespace(tree, workdir)}:{tree}"}
     with spawned(f"server-{salt}", ["bash", "-c", script], workdir, env) as server:
         url = f"http://127.0.0.1:{port}"
         wait_until_ready(f"{url}/health", '"ready"', READY_TIMEOUT_S, [server])

@@ -32,25 +32,19 @@ from typing import Any
 
 import httpx
 
-from bench.common.processes import free_port, spawned
+from bench.common.processes import free_port, group_pids, spawned
 from bench.common.report import code_version, machine_facts, write_json
+from bench.common.trees import dynask_namespace
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-PACKAGES = ("kv", "actors", "control_plane", "web", "migrations")
 
 
 def namespace_env(tree: Path, scratch: Path) -> dict[str, str]:
     """The environment that makes ``dynask.*`` resolve to ``tree``'s folders."""
     if tree.resolve() == REPO:
         return dict(os.environ)
-    namespace = scratch / f"ns-{tree.name}" / "dynask"
-    namespace.mkdir(parents=True, exist_ok=True)
-    for package in PACKAGES:
-        link = namespace / package
-        if not link.exists():
-            link.symlink_to(tree.resolve() / package)
-    return {**os.environ, "PYTHONPATH": str(namespace.parent)}
+    return {**os.environ, "PYTHONPATH": str(dynask_namespace(tree, scratch))}
 
 
 def import_seconds(env: dict[str, str]) -> float:
@@ -66,19 +60,6 @@ def _maps_torch(pid: int) -> bool:
         return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
     except (FileNotFoundError, ProcessLookupError):
         return False
-
-
-def _tree_pids(pgid: int) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-            if int(stat[stat.rindex(")") + 2 :].split()[2]) == pgid:
-                pids.append(int(entry.name))
-    return sorted(pids)
 
 
 def run_seconds(
@@ -104,7 +85,7 @@ def run_seconds(
         else:
             raise TimeoutError(f"no engine after 600 s:\n{process.log_tail()}")
         seconds = time.monotonic() - started
-        return seconds, [_maps_torch(pid) for pid in _tree_pids(process.pid)]
+        return seconds, [_maps_torch(pid) for pid in group_pids(process.pid)]
 
 
 def measure(trees: dict[str, Path], model: str, repeats: int) -> dict[str, Any]:

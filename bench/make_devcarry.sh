@@ -34,7 +34,7 @@ PYEOF
 "$PY" - "$DEST/tokenizer" <<'PYEOF'
 import shutil, sys
 from pathlib import Path
-from dynask.actors.engine.loader import convert_gguf, default_model_path
+from dynask.actors.models.model_source import convert_gguf, default_model_path
 folder = Path(convert_gguf(default_model_path()))
 for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json"):
     if (folder / name).exists():

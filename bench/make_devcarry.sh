@@ -15,7 +15,7 @@ typing-inspection jsonschema jsonschema-specifications referencing rpds-py opent
 opentelemetry-sdk opentelemetry-semantic-conventions opentelemetry-exporter-otlp-common
 opentelemetry-exporter-http-transport opentelemetry-exporter-otlp-proto-http
 opentelemetry-exporter-otlp-proto-common opentelemetry-proto googleapis-common-protos
-importlib-metadata zipp lazy-importer protobuf asyncssh cryptography cffi pycparser"
+importlib-metadata zipp lazy-importer protobuf asyncssh cryptography cffi pycparser orjson"
 mkdir -p "$DEST/whl" "$DEST/tokenizer"
 pins=$("$PY" - $PACKAGES <<'PYEOF'
 import sys

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -61,7 +62,9 @@ def save_random_model(folder: Path, tokenizer: Path, name: str) -> None:
     print(f"saved {name} to {folder} in {time.perf_counter() - started:.0f} s", flush=True)
 
 
-def run_argv(folder: Path, port: int, cap: int | None, args: argparse.Namespace) -> list[str]:
+def run_argv(
+    folder: Path, port: int, cap: int | None, args: argparse.Namespace, opt_in: bool = False
+) -> list[str]:
     argv = [
         sys.executable, "-m", "dynask.control_plane.cli", "run", str(folder),
         "--device", "cuda", "--port", str(port), "--max-num-seqs", str(max(args.clients)),
@@ -72,7 +75,9 @@ def run_argv(folder: Path, port: int, cap: int | None, args: argparse.Namespace)
     ]  # fmt: skip
     if cap is not None:
         argv += ["--max-prefill-tokens-with-decodes", str(cap)]
-    return argv
+    if opt_in:
+        argv.append("--unverified-cuda-kernels")
+    return argv + shlex.split(args.run_args)
 
 
 async def measure_level(
@@ -91,7 +96,9 @@ async def measure_level(
     return {"clients": clients, "control_plane_cpu_ms_per_request": cp_ms, **asdict(summary)}
 
 
-def measure_cap(folder: Path, cap: int | None, args: argparse.Namespace) -> list[dict[str, Any]]:
+def measure_cap(
+    folder: Path, cap: int | None, args: argparse.Namespace, opt_in: bool = False
+) -> list[dict[str, Any]]:
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
     from transformers import AutoTokenizer
@@ -100,10 +107,11 @@ def measure_cap(folder: Path, cap: int | None, args: argparse.Namespace) -> list
     total = sum(c + max(args.min_requests, args.rounds * c) for c in args.clients)
     prompts = build_prompts(tokenizer, total, args.prompt_tokens, f"stack-{cap}")
     rows = []
-    with spawned(f"dynask-run-{cap}", run_argv(folder, port, cap, args), args.workdir) as server:
+    name = f"dynask-run-{cap}" + ("-opt-in" if opt_in else "")
+    with spawned(name, run_argv(folder, port, cap, args, opt_in), args.workdir) as server:
         started = time.perf_counter()
         wait_until_ready(f"{base_url}/health", '"ready"', args.ready_timeout, [server])
-        print(f"cap {cap}: ready in {time.perf_counter() - started:.0f} s", flush=True)
+        print(f"{name}: ready in {time.perf_counter() - started:.0f} s", flush=True)
         model = httpx.get(f"{base_url}/v1/models").json()["data"][0]["id"]
         offset = 0
         for clients in args.clients:
@@ -113,7 +121,7 @@ def measure_cap(folder: Path, cap: int | None, args: argparse.Namespace) -> list
             row = asyncio.run(
                 measure_level(base_url, model, level_prompts, clients, args, server.pid)
             )
-            rows.append({"cap": cap, **row})
+            rows.append({"cap": cap, "unverified_cuda_kernels": opt_in, **row})
             print(format_row(rows[-1]), flush=True)
     return rows
 
@@ -123,8 +131,9 @@ def format_row(row: dict[str, Any]) -> str:
         value = row.get(key)
         return "-" if value is None else format(value, spec)
 
+    cap = f"{row['cap'] or 'none'}{'+on' if row.get('unverified_cuda_kernels') else ''}"
     return (
-        f"{row['cap'] or 'none':>6}  {row['clients']:>7}  {row['requests_ok']:>4}/"
+        f"{cap:>8}  {row['clients']:>7}  {row['requests_ok']:>4}/"
         f"{row['requests_ok'] + row['requests_failed']:<4}  {num('output_tok_per_s', '.0f'):>8}  "
         f"{num('ttft_p50_ms'):>8}  {num('ttft_p99_ms'):>8}  {num('itl_p50_ms', '.2f'):>7}  "
         f"{num('itl_p99_ms', '.2f'):>7}  {num('tokens_per_chunk', '.2f'):>7}  "
@@ -133,7 +142,7 @@ def format_row(row: dict[str, Any]) -> str:
 
 
 HEADER = (
-    f"{'cap':>6}  {'clients':>7}  {'ok/sent':>9}  {'tok/s':>8}  {'TTFT p50':>8}  "
+    f"{'cap':>8}  {'clients':>7}  {'ok/sent':>9}  {'tok/s':>8}  {'TTFT p50':>8}  "
     f"{'TTFT p99':>8}  {'ITL p50':>7}  {'ITL p99':>7}  {'tok/chk':>7}  {'CP ms/req':>8}"
 )
 
@@ -154,8 +163,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-batched-tokens", type=int, default=2048)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--ready-timeout", type=float, default=400.0)
+    parser.add_argument(
+        "--unverified-cuda-kernels", default="off", dest="opt_in",
+        help="off, on, or off,on: each a dynask run of its own (--unverified-cuda-kernels)",
+    )  # fmt: skip
+    parser.add_argument("--run-args", default="", help="more dynask run flags, for every run")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
+    args.opt_in = [{"off": False, "on": True}[v] for v in args.opt_in.split(",")]
     args.clients = [int(c) for c in args.clients.split(",")]
     return args
 
@@ -167,7 +182,12 @@ def main(argv: list[str] | None = None) -> None:
     save_random_model(args.model_dir, args.tokenizer, args.random_model)
     caps = [None if c == "none" else int(c) for c in args.caps.split(",")]
     print(HEADER, flush=True)
-    rows = [row for cap in caps for row in measure_cap(args.model_dir, cap, args)]
+    rows = [
+        row
+        for opt_in in args.opt_in
+        for cap in caps
+        for row in measure_cap(args.model_dir, cap, args, opt_in)
+    ]
     print("\n" + HEADER + "\n" + "\n".join(format_row(r) for r in rows))
     import torch
 

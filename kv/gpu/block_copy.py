@@ -23,9 +23,13 @@ Design decisions:
 - ``launch_blocks`` returns as soon as the copy is queued (a ``BlockCopy`` whose event
   marks its end), so a caller on an event loop launches there and waits for the event in
   a thread while the GPU copies: the thread hop overlaps the copy instead of preceding it.
-  With a layout, the rows are built on the device, on the copy stream (one upload of the
-  block ids, one add per side): no table of rows x 8 bytes built by numpy and uploaded
-  from pageable memory per transfer, and no walk over the tensors.
+  With a layout, the kernel computes each row's offsets itself from the block ids and the
+  tensors' starts (kept on the device per layout): one upload of the ids from pinned
+  memory and one launch, no torch ops on the device before it (building the rows there
+  took two adds and their views: 0.3 ms per transfer on the H200 host, the launch
+  included), no table of rows x 8 bytes built by numpy and uploaded per transfer, and no
+  walk over the tensors. ``BlockLayout.rows`` still plans the explicit table (tests,
+  ``copy_rows``).
 - Every row's block id is checked against its tensor's length first: the kernel writes
   through raw addresses, so an id past the end would land in someone else's memory.
 - Without CUDA or Triton (CPU engines, tests), or with tensors on several devices, the
@@ -165,18 +169,9 @@ class BlockLayout:
         """The rows that copy ``src_ids`` of every source into ``dst_ids`` of its
         destination; ``ValueError`` for an id outside its tensor. With ``device``, the
         offsets are computed there, on the current stream (module docstring)."""
-        if len(src_ids) != len(dst_ids):
-            raise ValueError(f"{len(src_ids)} source blocks for {len(dst_ids)} destination blocks")
-        # One array of both sides' ids: checked and scaled in numpy (min/max of Python
-        # lists cost more than the whole launch).
-        ids = np.fromiter((*src_ids, *dst_ids), np.int64, 2 * len(src_ids))
+        ids = self.checked_ids(src_ids, dst_ids)
         n = len(src_ids)
-        for side, blocks in ((ids[:n], self.src_blocks), (ids[n:], self.dst_blocks)):
-            if side.size and (side.min() < 0 or side.max() >= blocks):
-                raise ValueError(
-                    f"block ids {side.min()}..{side.max()} for caches of {blocks} blocks"
-                )
-        row_words = self.row_bytes // self.word_bytes
+        row_words = self.row_words
         ids *= row_words
         if device is None:
             src_offsets = _offsets(self.src_starts, ids[:n])
@@ -193,22 +188,47 @@ class BlockLayout:
             align_words=self.align_words,
         )
 
+    @property
+    def row_words(self) -> int:
+        return self.row_bytes // self.word_bytes
+
+    def checked_ids(self, src_ids: Sequence[int], dst_ids: Sequence[int]) -> np.ndarray:
+        """Both sides' ids in one int64 array (the sources', then the destinations');
+        ``ValueError`` for an id outside its tensor (the kernel writes through raw
+        addresses: an id past the end would land in someone else's memory)."""
+        if len(src_ids) != len(dst_ids):
+            raise ValueError(f"{len(src_ids)} source blocks for {len(dst_ids)} destination blocks")
+        # Checked in numpy: min/max of Python lists cost more than the whole launch.
+        ids = np.fromiter((*src_ids, *dst_ids), np.int64, 2 * len(src_ids))
+        n = len(src_ids)
+        for side, blocks in ((ids[:n], self.src_blocks), (ids[n:], self.dst_blocks)):
+            if side.size and (side.min() < 0 or side.max() >= blocks):
+                raise ValueError(
+                    f"block ids {side.min()}..{side.max()} for caches of {blocks} blocks"
+                )
+        return ids
+
+    def starts_on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each tensor's start in words from its side's first tensor, on ``device``
+        (uploaded once per layout and device)."""
+        starts = self._device_starts.get(device)
+        if starts is None:
+            src, dst = (torch.from_numpy(s).to(device) for s in (self.src_starts, self.dst_starts))
+            starts = self._device_starts[device] = (src, dst)
+        return starts
+
     def _device_offsets(
         self, device: torch.device, words: np.ndarray
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``_offsets`` of both sides on ``device`` (``words``: the source blocks' words,
-        then the destination's): the tensors' starts stay there (one upload per layout),
-        the blocks go up in one copy."""
-        starts = self._device_starts.get(device)
-        if starts is None:
-            src, dst = (
-                torch.from_numpy(s).to(device).unsqueeze(1)
-                for s in (self.src_starts, self.dst_starts)
-            )
-            starts = self._device_starts[device] = (src, dst)
+        then the destination's), computed there."""
+        src, dst = self.starts_on(device)
         blocks = torch.from_numpy(words).to(device, non_blocking=True).unsqueeze(0)
         n = len(words) // 2
-        return (starts[0] + blocks[:, :n]).view(-1), (starts[1] + blocks[:, n:]).view(-1)
+        return (
+            (src.unsqueeze(1) + blocks[:, :n]).view(-1),
+            (dst.unsqueeze(1) + blocks[:, n:]).view(-1),
+        )
 
 
 def row_table(
@@ -258,10 +278,21 @@ def launch_blocks(
     if layout is None or layout.fused_on is None:
         copy_blocks_per_tensor(sources, src_ids, destinations, dst_ids)
         return BlockCopy(None)
+    ids = layout.checked_ids(src_ids, dst_ids)
     device = layout.fused_on
     with torch.cuda.device(device), torch.cuda.stream(_copy_stream(device)):
-        table = layout.rows(src_ids, dst_ids, device)
-        return BlockCopy(layout, _launch_on_current_stream(table, sources[0], destinations[0]))
+        if ids.size:
+            src_starts, dst_starts = layout.starts_on(device)
+            # Pinned (the host allocator's cache): the upload is queued, not waited for,
+            # and the buffer is not reused before the copy stream has read it.
+            on_device = torch.from_numpy(ids).pin_memory().to(device, non_blocking=True)
+            _kernels().launch_ids(
+                sources[0], destinations[0], src_starts, dst_starts, on_device,
+                layout.word_bytes, layout.row_words, layout.align_words,
+            )  # fmt: skip
+        done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        done.record()
+    return BlockCopy(layout, done)
 
 
 def copy_blocks(
@@ -322,15 +353,21 @@ def _copy_stream(device: torch.device) -> torch.cuda.Stream:
 
 
 @cache
-def _kernel() -> Any:
-    """The launcher of ``block_copy_kernel``, or None without CUDA or Triton."""
+def _kernels() -> Any:
+    """The module ``block_copy_kernel`` (its launchers), or None without CUDA or Triton."""
     if not torch.cuda.is_available():
         return None
     try:
-        from dynask.kv.gpu.block_copy_kernel import launch
+        from dynask.kv.gpu import block_copy_kernel
     except ImportError:
         return None
-    return launch
+    return block_copy_kernel
+
+
+def _kernel() -> Any:
+    """The launcher of the row kernel, or None without CUDA or Triton."""
+    kernels = _kernels()
+    return None if kernels is None else kernels.launch
 
 
 def copy_blocks_per_tensor(

@@ -4,7 +4,9 @@ Imported only where CUDA and Triton exist; mypy skips this file (Triton's DSL is
 One program copies one row (a block of one cache tensor) from the source base plus its
 offset to the destination base plus its offset, ``BLOCK`` words per loop iteration: a
 whole row of up to 32 KiB at once, so every load of the row is in flight before the
-first store.
+first store. ``launch`` takes each row's offsets; ``launch_ids`` takes the block ids and
+each tensor's start and computes the offsets in the kernel (program (block, tensor)), so a
+transfer needs no torch ops on the device before its launch (one upload of the ids).
 """
 
 import torch
@@ -37,6 +39,60 @@ def _copy_rows(
             tl.store(dst + d + words, tl.load(src + s + words, mask=inside), mask=inside)
 
 
+# num_blocks changes per transfer: not specialized on (== 1, % 16), so no transfer after
+# the first compiles again (a compile on the event loop would stall it for ~0.5 s).
+@triton.jit(do_not_specialize=["num_blocks"])
+def _copy_block_ids(
+    src,
+    dst,
+    src_starts,
+    dst_starts,
+    ids,
+    num_blocks,
+    ROW: tl.constexpr,
+    ALIGN: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    block = tl.program_id(0)
+    tensor = tl.program_id(1)
+    s = tl.load(src_starts + tensor) + tl.load(ids + block) * ROW
+    d = tl.load(dst_starts + tensor) + tl.load(ids + num_blocks + block) * ROW
+    s = tl.multiple_of(s, ALIGN)
+    d = tl.multiple_of(d, ALIGN)
+    for start in tl.static_range(0, ROW, BLOCK):
+        words = start + tl.arange(0, BLOCK)
+        if ROW % BLOCK == 0:
+            tl.store(dst + d + words, tl.load(src + s + words))
+        else:
+            inside = words < ROW
+            tl.store(dst + d + words, tl.load(src + s + words, mask=inside), mask=inside)
+
+
+def _num_warps(block):
+    return 8 if block >= 4096 else 4 if block >= 512 else 1
+
+
+def launch_ids(src_base, dst_base, src_starts, dst_starts, ids, word_bytes, row_words, align):
+    """Copies block ``ids[i]`` of every source tensor into block ``ids[n + i]`` of its
+    destination (``ids``: int64 on the device, the sources' ids then the destinations';
+    ``*_starts``: each tensor's start in words from its side's base) on the current stream."""
+    dtype = WORD_DTYPES[word_bytes]
+    block = min(triton.next_power_of_2(row_words), MAX_BLOCK)
+    num_blocks = ids.numel() // 2
+    _copy_block_ids[(num_blocks, src_starts.numel())](
+        triton.reinterpret(src_base, dtype),
+        triton.reinterpret(dst_base, dtype),
+        src_starts,
+        dst_starts,
+        ids,
+        num_blocks,
+        ROW=row_words,
+        ALIGN=align,
+        BLOCK=block,
+        num_warps=_num_warps(block),
+    )
+
+
 def launch(table, src_base, dst_base, src_offsets, dst_offsets):
     """Copies every row of ``table`` (a ``block_copy.RowTable``) on the current stream;
     ``src_base``/``dst_base`` are the tensors at its base addresses, the offsets are on
@@ -51,5 +107,5 @@ def launch(table, src_base, dst_base, src_offsets, dst_offsets):
         ROW=table.row_words,
         ALIGN=table.align_words,
         BLOCK=block,
-        num_warps=8 if block >= 4096 else 4 if block >= 512 else 1,
+        num_warps=_num_warps(block),
     )

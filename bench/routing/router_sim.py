@@ -1,0 +1,345 @@
+"""An offline, deterministic simulator of trace replay: routing policies compared in seconds.
+
+``trace_replay`` measures real processes (minutes a run, ~10% noise a run, and only on a
+quiet machine). This module replays the same slice of the Mooncake trace against N
+simulated engines in simulated time, so routing policies can be compared on many slices
+and speed-ups at once, and the routing decision itself is the real one: each arrival
+builds ``Candidate``s and overlaps the way ``ModelRouting`` does and asks a ``KVRouter``.
+
+Design decisions:
+
+- The engine is the mocker's scheduler in miniature (``actors/engine/scheduler.py``, at
+  ``trace_systems.matched_timing``): a step has 8,192 tokens; running sequences go first
+  (a decode takes one token, a prefill its next chunk), then waiting ones are admitted in
+  arrival order, each starting after its longest cached prefix (looked up at admission,
+  never the prompt's last token). A step lasts ``simulated_step_ms`` of the mocker (the
+  same function). Full blocks enter an LRU prefix cache of ``num_kv_blocks`` as they are
+  computed. Not modelled: preemption (the slices never fill 16,384 blocks of running
+  sequences) and host time.
+- The router sees what the control plane sees: its own accounting of the load
+  (``ActorLoad``: a request is prefilling its uncached blocks until its first token,
+  then decoding all its blocks) and the engines' caches through KV events that arrive
+  ``event_delay_ms`` after the step that stored the blocks; in mode ``kv`` a routed
+  prompt's blocks count as held by its actor until then (the predicted blocks).
+  ``approximate`` reads only where prompts were routed.
+- Deterministic: ties are broken by the router's seeded random, nothing else is random.
+
+    .venv/bin/python -m bench.routing.router_sim --slices 3000:3150,3300:3450 --speedups 2,3,4
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import statistics
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dynask.actors.backends.mocker import StepShape, simulated_step_ms
+from dynask.actors.backends.mocker_config import MockerConfig
+from dynask.control_plane.routing.kv_router import Candidate, KVRouter, RouterConfig
+from dynask.kv.prefix_index import TierOverlap
+
+from bench.common.paths import shared_path
+from bench.routing.trace import (
+    TRACE_BLOCK_TOKENS,
+    TraceRequest,
+    load_trace,
+    parse_slice,
+    reusable_token_share,
+)
+from bench.routing.trace_systems import matched_timing
+
+TRACE = shared_path("traces", "mooncake_synthetic_trace.jsonl")
+
+BlockKey = tuple[int, int]  # (trace hash id, 64-token block within it): chained like a hash
+
+
+def block_keys(request: TraceRequest, block_size: int) -> list[BlockKey]:
+    """The prompt's full engine blocks, as keys unique to their prefix."""
+    per_trace_block = TRACE_BLOCK_TOKENS // block_size
+    full = request.input_length // block_size
+    return [(request.hash_ids[i // per_trace_block], i % per_trace_block) for i in range(full)]
+
+
+@dataclass
+class SimSequence:
+    index: int
+    arrival_ms: float
+    prompt_tokens: int
+    output_tokens: int
+    keys: list[BlockKey]
+    computed: int = 0
+    generated: int = 0
+    cached_tokens: int = 0
+    first_token_ms: float | None = None
+
+
+class SimEngine:
+    """One mocker engine's scheduler and prefix cache (see the module docstring)."""
+
+    def __init__(self, name: str, config: MockerConfig) -> None:
+        self.name = name
+        self.config = config
+        self.waiting: deque[SimSequence] = deque()
+        self.running: list[SimSequence] = []
+        self.cache: OrderedDict[BlockKey, None] = OrderedDict()
+        self.busy_until: float | None = None
+
+    def cached_prefix_blocks(self, seq: SimSequence) -> int:
+        limit = (seq.prompt_tokens - 1) // self.config.block_size
+        count = 0
+        for key in seq.keys[:limit]:
+            if key not in self.cache:
+                break
+            count += 1
+        return count
+
+    def step(self, now_ms: float) -> tuple[float, list[tuple[SimSequence, int]], list[BlockKey]]:
+        """Schedules and runs one step from ``now_ms``: its end, the chunks, new blocks."""
+        budget = self.config.max_num_batched_tokens
+        chunks: list[tuple[SimSequence, int]] = []
+        for seq in self.running:
+            if budget <= 0:
+                break
+            pending = seq.prompt_tokens - seq.computed if seq.first_token_ms is None else 1
+            grant = min(pending, budget)
+            chunks.append((seq, grant))
+            budget -= grant
+        while self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0:
+            seq = self.waiting.popleft()
+            hit = self.cached_prefix_blocks(seq) * self.config.block_size
+            for key in seq.keys[: hit // self.config.block_size]:
+                self.cache.move_to_end(key)
+            seq.computed = seq.cached_tokens = hit
+            grant = min(seq.prompt_tokens - hit, budget)
+            self.running.append(seq)
+            chunks.append((seq, grant))
+            budget -= grant
+        decodes = [seq for seq, _ in chunks if seq.first_token_ms is not None]
+        shape = StepShape(
+            prefill_tokens=sum(n for seq, n in chunks if seq.first_token_ms is None),
+            decode_seqs=len(decodes),
+            active_decode_blocks=sum(
+                -(-(s.prompt_tokens + s.generated) // self.config.block_size) for s in decodes
+            ),
+        )
+        end = now_ms + simulated_step_ms(self.config, shape)
+        stored: list[BlockKey] = []
+        for seq, tokens in chunks:
+            if seq.first_token_ms is not None:
+                seq.generated += 1
+                continue
+            before = seq.computed // self.config.block_size
+            seq.computed += tokens
+            after = min(seq.computed // self.config.block_size, len(seq.keys))
+            for key in seq.keys[before:after]:
+                if key not in self.cache:
+                    stored.append(key)
+                self.cache[key] = None
+                self.cache.move_to_end(key)
+            if seq.computed == seq.prompt_tokens:
+                seq.first_token_ms = end
+                seq.generated = 1
+        while len(self.cache) > self.config.num_kv_blocks:
+            self.cache.popitem(last=False)
+        self.running = [s for s in self.running if s.generated < s.output_tokens]
+        return end, chunks, stored
+
+
+@dataclass
+class RouterView:
+    """What the control plane knows of one actor (``ActorLoad`` + the indices)."""
+
+    prefill_blocks: dict[int, int] = field(default_factory=dict)  # request -> uncached blocks
+    decode_blocks: dict[int, int] = field(default_factory=dict)  # request -> held blocks
+    known: set[BlockKey] = field(default_factory=set)  # from KV events
+    predicted: set[BlockKey] = field(default_factory=set)  # routed, events not yet in
+    routed: set[BlockKey] = field(default_factory=set)  # approximate mode's notes
+
+    def leading(self, keys: Sequence[BlockKey], held: Callable[[BlockKey], bool]) -> int:
+        count = 0
+        for key in keys:
+            if not held(key):
+                break
+            count += 1
+        return count
+
+
+Policy = Callable[["Simulation", SimSequence], int]
+
+
+class Simulation:
+    """One slice, one policy, N engines; ``run`` returns the replay's summary."""
+
+    def __init__(
+        self,
+        requests: Sequence[TraceRequest],
+        speedup: float,
+        actors: int,
+        policy: Policy,
+        event_delay_ms: float = 20.0,
+    ) -> None:
+        self.config = MockerConfig(**matched_timing(64))
+        self.engines = [SimEngine(f"actor-{i}", self.config) for i in range(actors)]
+        self.views = [RouterView() for _ in range(actors)]
+        self.policy = policy
+        self.event_delay_ms = event_delay_ms
+        start = requests[0].timestamp_ms
+        self.sequences = [
+            SimSequence(
+                i,
+                (r.timestamp_ms - start) / speedup,
+                r.input_length,
+                r.output_length,
+                block_keys(r, self.config.block_size),
+            )
+            for i, r in enumerate(requests)
+        ]
+        self.requests = list(requests)
+        self.now_ms = 0.0
+        self._events: list[tuple[float, int, str, int, object]] = []
+        self._order = 0
+
+    def _push(self, at: float, kind: str, engine: int, payload: object) -> None:
+        self._order += 1
+        heapq.heappush(self._events, (at, self._order, kind, engine, payload))
+
+    def run(self) -> dict[str, float]:
+        for seq in self.sequences:
+            self._push(seq.arrival_ms, "arrive", -1, seq)
+        while self._events:
+            at, _, kind, engine, payload = heapq.heappop(self._events)
+            self.now_ms = at
+            if kind == "arrive":
+                self._arrive(payload)  # type: ignore[arg-type]
+            elif kind == "step_end":
+                self._step_end(engine, payload)  # type: ignore[arg-type]
+            elif kind == "kv_events":
+                self.views[engine].known.update(payload)  # type: ignore[arg-type]
+                self.views[engine].predicted.difference_update(payload)  # type: ignore[arg-type]
+        return self.summary()
+
+    def _arrive(self, seq: SimSequence) -> None:
+        choice = self.policy(self, seq)
+        engine, view = self.engines[choice], self.views[choice]
+        overlap = view.leading(seq.keys, lambda k: k in view.known or k in view.predicted)
+        view.prefill_blocks[seq.index] = len(seq.keys) + 1 - overlap
+        view.predicted.update(seq.keys)
+        view.routed.update(seq.keys)
+        engine.waiting.append(seq)
+        if engine.busy_until is None:
+            self._start_step(choice)
+
+    def _start_step(self, index: int) -> None:
+        engine = self.engines[index]
+        end, chunks, stored = engine.step(self.now_ms)
+        engine.busy_until = end
+        self._push(end, "step_end", index, chunks)
+        if stored:
+            self._push(end + self.event_delay_ms, "kv_events", index, stored)
+
+    def _step_end(self, index: int, chunks: list[tuple[SimSequence, int]]) -> None:
+        engine, view = self.engines[index], self.views[index]
+        for seq, _ in chunks:
+            blocks = -(-(seq.prompt_tokens + seq.generated) // self.config.block_size)
+            if seq.generated >= seq.output_tokens:
+                view.prefill_blocks.pop(seq.index, None)
+                view.decode_blocks.pop(seq.index, None)
+            elif seq.first_token_ms is not None:
+                view.prefill_blocks.pop(seq.index, None)
+                view.decode_blocks[seq.index] = blocks
+        engine.busy_until = None
+        if engine.waiting or engine.running:
+            self._start_step(index)
+
+    def candidates(self) -> list[Candidate]:
+        return [
+            Candidate(
+                e.name,
+                active_prefill_blocks=sum(v.prefill_blocks.values()),
+                active_decode_blocks=sum(v.decode_blocks.values()),
+                cached_blocks=len(v.known),
+                queue_length=len(v.prefill_blocks),
+            )
+            for e, v in zip(self.engines, self.views, strict=True)
+        ]
+
+    def overlaps(self, seq: SimSequence, approximate: bool) -> dict[str, TierOverlap]:
+        out = {}
+        for engine, view in zip(self.engines, self.views, strict=True):
+            if approximate:
+                blocks = view.leading(seq.keys, view.routed.__contains__)
+            else:
+                blocks = view.leading(seq.keys, lambda k, v=view: k in v.known or k in v.predicted)
+            if blocks:
+                out[engine.name] = TierOverlap(blocks)
+        return out
+
+    def summary(self) -> dict[str, float]:
+        ttfts = sorted(s.first_token_ms - s.arrival_ms for s in self.sequences)  # type: ignore[operator]
+        prompt = sum(s.prompt_tokens for s in self.sequences)
+        hit = sum(s.cached_tokens for s in self.sequences) / prompt
+        reusable = reusable_token_share(self.requests, self.config.block_size)
+        return {
+            "ttft_mean": statistics.fmean(ttfts),
+            "ttft_p50": ttfts[len(ttfts) // 2],
+            "ttft_p99": ttfts[min(len(ttfts) - 1, round(0.99 * (len(ttfts) - 1)))],
+            "hit": hit,
+            "of_reusable": hit / reusable if reusable else 0.0,
+        }
+
+
+def router_policy(config: RouterConfig) -> Policy:
+    """The product's ``KVRouter`` with ``config`` (fresh per simulation)."""
+    routers: dict[int, KVRouter] = {}
+
+    def choose(sim: Simulation, seq: SimSequence) -> int:
+        router = routers.setdefault(id(sim), KVRouter(config))
+        overlaps = sim.overlaps(seq, config.mode == "approximate")
+        hashes = list(range(len(seq.keys)))  # only their count matters to the chooser
+        decision = router.choose(str(seq.index), hashes, sim.candidates(), overlaps)
+        return int(decision.winner.rsplit("-", 1)[1])
+
+    return choose
+
+
+POLICIES: dict[str, Callable[[], Policy]] = {
+    "kv": lambda: router_policy(RouterConfig("kv", seed=0)),
+    "approximate": lambda: router_policy(RouterConfig("approximate", seed=0)),
+    "least-loaded": lambda: router_policy(RouterConfig("least-loaded", seed=0)),
+    "round-robin": lambda: router_policy(RouterConfig("round-robin", seed=0)),
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trace", type=Path, default=TRACE)
+    parser.add_argument("--slices", default="3000:3150,3300:3450")
+    parser.add_argument("--speedups", default="3")
+    parser.add_argument("--actors", type=int, default=4)
+    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    trace = load_trace(args.trace)
+    rows = []
+    for text in args.slices.split(","):
+        requests = trace[parse_slice(text)]
+        for speedup in (float(s) for s in args.speedups.split(",")):
+            for name in args.policies.split(","):
+                result = Simulation(requests, speedup, args.actors, POLICIES[name]()).run()
+                rows.append({"slice": text, "speedup": speedup, "policy": name, **result})
+                print(
+                    f"{text:>10} x{speedup:<4g} {name:<18} TTFT mean {result['ttft_mean']:8.0f}"
+                    f" p50 {result['ttft_p50']:8.0f} p99 {result['ttft_p99']:8.0f} ms"
+                    f"  hit {result['hit']:.3f} ({result['of_reusable']:.0%} of reusable)"
+                )
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

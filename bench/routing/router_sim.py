@@ -33,15 +33,11 @@ import argparse
 import heapq
 import json
 import statistics
+import sys
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from dynask.actors.backends.mocker import StepShape, simulated_step_ms
-from dynask.actors.backends.mocker_config import MockerConfig
-from dynask.control_plane.routing.kv_router import Candidate, KVRouter, RouterConfig
-from dynask.kv.prefix_index import TierOverlap
 
 from bench.common.paths import shared_path
 from bench.routing.trace import (
@@ -52,6 +48,11 @@ from bench.routing.trace import (
     reusable_token_share,
 )
 from bench.routing.trace_systems import matched_timing
+from dynask.actors.backends.mocker import StepShape, simulated_step_ms
+from dynask.actors.backends.mocker_config import MockerConfig
+from dynask.control_plane.routing.kv_router import Candidate, KVRouter, RouterConfig
+from dynask.control_plane.routing.model_routing import RoutingOptions
+from dynask.kv.prefix_index import TierOverlap
 
 TRACE = shared_path("traces", "mooncake_synthetic_trace.jsonl")
 
@@ -307,10 +308,13 @@ def router_policy(config: RouterConfig) -> Policy:
     return choose
 
 
+PRODUCT = RoutingOptions(seed=0)  # the control plane's default weights
 POLICIES: dict[str, Callable[[], Policy]] = {
-    "kv": lambda: router_policy(RouterConfig("kv", seed=0)),
-    "approximate": lambda: router_policy(RouterConfig("approximate", seed=0)),
-    "least-loaded": lambda: router_policy(RouterConfig("least-loaded", seed=0)),
+    "kv": lambda: router_policy(PRODUCT.router_config("kv")),
+    "approximate": lambda: router_policy(PRODUCT.router_config("approximate")),
+    "kv-dynamo": lambda: router_policy(RouterConfig("kv", seed=0)),  # Dynamo's cost
+    "approximate-dynamo": lambda: router_policy(RouterConfig("approximate", seed=0)),
+    "least-loaded": lambda: router_policy(PRODUCT.router_config("least-loaded")),
     "round-robin": lambda: router_policy(RouterConfig("round-robin", seed=0)),
 }
 
@@ -321,7 +325,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--slices", default="3000:3150,3300:3450")
     parser.add_argument("--speedups", default="3")
     parser.add_argument("--actors", type=int, default=4)
-    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--policies", default="kv,approximate,kv-dynamo,round-robin")
+    parser.add_argument("--baseline", default="kv-dynamo", help="ratios are against it")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     trace = load_trace(args.trace)
@@ -337,8 +342,40 @@ def main(argv: list[str] | None = None) -> None:
                     f" p50 {result['ttft_p50']:8.0f} p99 {result['ttft_p99']:8.0f} ms"
                     f"  hit {result['hit']:.3f} ({result['of_reusable']:.0%} of reusable)"
                 )
+    summary = ratio_summary(rows, args.baseline)
+    for name, row in summary.items():
+        print(
+            f"{name:<18} over {args.baseline}: TTFT mean geo {row['mean_geo']:.3f}"
+            f" (max {row['mean_max']:.3f}), p99 geo {row['p99_geo']:.3f}"
+            f" (max {row['p99_max']:.3f});"
+            f" of reusable {row['reuse_min']:.0%}..{row['reuse_max']:.0%}"
+        )
     if args.out:
-        args.out.write_text(json.dumps(rows, indent=1))
+        report = {"command": sys.argv, "rows": rows, "over_baseline": summary}
+        args.out.write_text(json.dumps(report, indent=1))
+
+
+def ratio_summary(rows: list[dict], baseline: str) -> dict[str, dict[str, float]]:
+    """Per policy: its TTFT mean and p99 over the baseline's on each (slice, speed-up),
+    as a geometric mean and a maximum, and the range of its share of the reusable hits."""
+    base = {(r["slice"], r["speedup"]): r for r in rows if r["policy"] == baseline}
+    out = {}
+    for name in dict.fromkeys(r["policy"] for r in rows):
+        mine = [r for r in rows if r["policy"] == name and (r["slice"], r["speedup"]) in base]
+        if not mine:
+            continue
+        means = [r["ttft_mean"] / base[r["slice"], r["speedup"]]["ttft_mean"] for r in mine]
+        p99s = [r["ttft_p99"] / base[r["slice"], r["speedup"]]["ttft_p99"] for r in mine]
+        reuse = [r["of_reusable"] for r in mine]
+        out[name] = {
+            "mean_geo": statistics.geometric_mean(means),
+            "mean_max": max(means),
+            "p99_geo": statistics.geometric_mean(p99s),
+            "p99_max": max(p99s),
+            "reuse_min": min(reuse),
+            "reuse_max": max(reuse),
+        }
+    return out
 
 
 if __name__ == "__main__":

@@ -8,14 +8,10 @@ builds ``Candidate``s and overlaps the way ``ModelRouting`` does and asks a ``KV
 
 Design decisions:
 
-- The engine is the mocker's scheduler in miniature (``actors/engine/scheduler.py``, at
-  ``trace_systems.matched_timing``): a step has 8,192 tokens; running sequences go first
-  (a decode takes one token, a prefill its next chunk), then waiting ones are admitted in
-  arrival order, each starting after its longest cached prefix (looked up at admission,
-  never the prompt's last token). A step lasts ``simulated_step_ms`` of the mocker (the
-  same function). Full blocks enter an LRU prefix cache of ``num_kv_blocks`` as they are
-  computed. Not modelled: preemption (the slices never fill 16,384 blocks of running
-  sequences) and host time.
+- The engine is the mocker's scheduler in miniature (``sim_engine.SimEngine``, at
+  ``trace_systems.matched_timing``: chunked prefill of 8,192 tokens a step, first come
+  first served, prefix caching of 64-token blocks), a step lasting the mocker's own
+  ``simulated_step_ms``. Host time is not modelled.
 - The router sees what the control plane sees: its own accounting of the load
   (``ActorLoad``: a request is prefilling its uncached blocks until its first token,
   then decoding all its blocks) and the engines' caches through KV events that arrive
@@ -34,121 +30,20 @@ import heapq
 import json
 import statistics
 import sys
-from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.common.paths import shared_path
-from bench.routing.trace import (
-    TRACE_BLOCK_TOKENS,
-    TraceRequest,
-    load_trace,
-    parse_slice,
-    reusable_token_share,
-)
+from bench.routing.sim_engine import BlockKey, SimEngine, SimSequence, block_keys
+from bench.routing.trace import TraceRequest, load_trace, parse_slice, reusable_token_share
 from bench.routing.trace_systems import matched_timing
-from dynask.actors.backends.mocker import StepShape, simulated_step_ms
 from dynask.actors.backends.mocker_config import MockerConfig
 from dynask.control_plane.routing.kv_router import Candidate, KVRouter, RouterConfig
 from dynask.control_plane.routing.model_routing import RoutingOptions
 from dynask.kv.prefix_index import TierOverlap
 
 TRACE = shared_path("traces", "mooncake_synthetic_trace.jsonl")
-
-BlockKey = tuple[int, int]  # (trace hash id, 64-token block within it): chained like a hash
-
-
-def block_keys(request: TraceRequest, block_size: int) -> list[BlockKey]:
-    """The prompt's full engine blocks, as keys unique to their prefix."""
-    per_trace_block = TRACE_BLOCK_TOKENS // block_size
-    full = request.input_length // block_size
-    return [(request.hash_ids[i // per_trace_block], i % per_trace_block) for i in range(full)]
-
-
-@dataclass
-class SimSequence:
-    index: int
-    arrival_ms: float
-    prompt_tokens: int
-    output_tokens: int
-    keys: list[BlockKey]
-    computed: int = 0
-    generated: int = 0
-    cached_tokens: int = 0
-    first_token_ms: float | None = None
-
-
-class SimEngine:
-    """One mocker engine's scheduler and prefix cache (see the module docstring)."""
-
-    def __init__(self, name: str, config: MockerConfig) -> None:
-        self.name = name
-        self.config = config
-        self.waiting: deque[SimSequence] = deque()
-        self.running: list[SimSequence] = []
-        self.cache: OrderedDict[BlockKey, None] = OrderedDict()
-        self.busy_until: float | None = None
-
-    def cached_prefix_blocks(self, seq: SimSequence) -> int:
-        limit = (seq.prompt_tokens - 1) // self.config.block_size
-        count = 0
-        for key in seq.keys[:limit]:
-            if key not in self.cache:
-                break
-            count += 1
-        return count
-
-    def step(self, now_ms: float) -> tuple[float, list[tuple[SimSequence, int]], list[BlockKey]]:
-        """Schedules and runs one step from ``now_ms``: its end, the chunks, new blocks."""
-        budget = self.config.max_num_batched_tokens
-        chunks: list[tuple[SimSequence, int]] = []
-        for seq in self.running:
-            if budget <= 0:
-                break
-            pending = seq.prompt_tokens - seq.computed if seq.first_token_ms is None else 1
-            grant = min(pending, budget)
-            chunks.append((seq, grant))
-            budget -= grant
-        while self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0:
-            seq = self.waiting.popleft()
-            hit = self.cached_prefix_blocks(seq) * self.config.block_size
-            for key in seq.keys[: hit // self.config.block_size]:
-                self.cache.move_to_end(key)
-            seq.computed = seq.cached_tokens = hit
-            grant = min(seq.prompt_tokens - hit, budget)
-            self.running.append(seq)
-            chunks.append((seq, grant))
-            budget -= grant
-        decodes = [seq for seq, _ in chunks if seq.first_token_ms is not None]
-        shape = StepShape(
-            prefill_tokens=sum(n for seq, n in chunks if seq.first_token_ms is None),
-            decode_seqs=len(decodes),
-            active_decode_blocks=sum(
-                -(-(s.prompt_tokens + s.generated) // self.config.block_size) for s in decodes
-            ),
-        )
-        end = now_ms + simulated_step_ms(self.config, shape)
-        stored: list[BlockKey] = []
-        for seq, tokens in chunks:
-            if seq.first_token_ms is not None:
-                seq.generated += 1
-                continue
-            before = seq.computed // self.config.block_size
-            seq.computed += tokens
-            after = min(seq.computed // self.config.block_size, len(seq.keys))
-            for key in seq.keys[before:after]:
-                if key not in self.cache:
-                    stored.append(key)
-                self.cache[key] = None
-                self.cache.move_to_end(key)
-            if seq.computed == seq.prompt_tokens:
-                seq.first_token_ms = end
-                seq.generated = 1
-        while len(self.cache) > self.config.num_kv_blocks:
-            self.cache.popitem(last=False)
-        self.running = [s for s in self.running if s.generated < s.output_tokens]
-        return end, chunks, stored
 
 
 @dataclass
@@ -228,7 +123,8 @@ class Simulation:
         choice = self.policy(self, seq)
         engine, view = self.engines[choice], self.views[choice]
         overlap = view.leading(seq.keys, lambda k: k in view.known or k in view.predicted)
-        view.prefill_blocks[seq.index] = len(seq.keys) + 1 - overlap
+        uncached_tokens = seq.prompt_tokens - overlap * self.config.block_size
+        view.prefill_blocks[seq.index] = -(-uncached_tokens // self.config.block_size)
         view.predicted.update(seq.keys)
         view.routed.update(seq.keys)
         engine.waiting.append(seq)
@@ -294,6 +190,47 @@ class Simulation:
         }
 
 
+class RouterQueueSimulation(Simulation):
+    """An experiment the product does not have: the router holds requests back while every
+    actor has more than ``threshold_blocks`` of prefill queued, then sends the shortest
+    first (fewest blocks uncached on the best-placed actor), or the oldest once one has
+    waited ``max_wait_ms``. It measures what reordering could buy over routing alone: the
+    engines run their queues first come, first served."""
+
+    def __init__(
+        self, *args: object, threshold_blocks: int = 64, max_wait_ms: float | None = None
+    ) -> None:
+        super().__init__(*args)  # type: ignore[arg-type]
+        self.threshold_blocks = threshold_blocks
+        self.max_wait_ms = max_wait_ms
+        self.held: list[SimSequence] = []
+
+    def _arrive(self, seq: SimSequence) -> None:
+        self.held.append(seq)
+        self._release()
+
+    def _step_end(self, index: int, chunks: list[tuple[SimSequence, int]]) -> None:
+        super()._step_end(index, chunks)
+        self._release()
+
+    def _release(self) -> None:
+        while self.held and any(
+            sum(view.prefill_blocks.values()) <= self.threshold_blocks for view in self.views
+        ):
+            overdue = [
+                seq
+                for seq in self.held
+                if self.max_wait_ms is not None and self.now_ms - seq.arrival_ms > self.max_wait_ms
+            ]
+            seq = overdue[0] if overdue else min(self.held, key=self._uncached_at_best)
+            self.held.remove(seq)
+            super()._arrive(seq)
+
+    def _uncached_at_best(self, seq: SimSequence) -> int:
+        overlaps = self.overlaps(seq, approximate=False).values()
+        return len(seq.keys) - max((overlap.total_blocks for overlap in overlaps), default=0)
+
+
 def router_policy(config: RouterConfig) -> Policy:
     """The product's ``KVRouter`` with ``config`` (fresh per simulation)."""
     routers: dict[int, KVRouter] = {}
@@ -327,6 +264,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--actors", type=int, default=4)
     parser.add_argument("--policies", default="kv,approximate,kv-dynamo,round-robin")
     parser.add_argument("--baseline", default="kv-dynamo", help="ratios are against it")
+    parser.add_argument(
+        "--router-queue",
+        default="",
+        help="THRESHOLD_BLOCKS[:MAX_WAIT_MS],...: also run kv with a router-side queue "
+        "(RouterQueueSimulation), once per setting",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     trace = load_trace(args.trace)
@@ -334,8 +277,23 @@ def main(argv: list[str] | None = None) -> None:
     for text in args.slices.split(","):
         requests = trace[parse_slice(text)]
         for speedup in (float(s) for s in args.speedups.split(",")):
-            for name in args.policies.split(","):
-                result = Simulation(requests, speedup, args.actors, POLICIES[name]()).run()
+            runs = [
+                (name, Simulation(requests, speedup, args.actors, POLICIES[name]()))
+                for name in args.policies.split(",")
+            ]
+            for setting in filter(None, args.router_queue.split(",")):
+                threshold, _, wait = setting.partition(":")
+                queued = RouterQueueSimulation(
+                    requests,
+                    speedup,
+                    args.actors,
+                    POLICIES["kv"](),
+                    threshold_blocks=int(threshold),
+                    max_wait_ms=float(wait) if wait else None,
+                )
+                runs.append((f"kv+queue {setting}", queued))
+            for name, simulation in runs:
+                result = simulation.run()
                 rows.append({"slice": text, "speedup": speedup, "policy": name, **result})
                 print(
                     f"{text:>10} x{speedup:<4g} {name:<18} TTFT mean {result['ttft_mean']:8.0f}"

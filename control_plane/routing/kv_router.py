@@ -19,10 +19,13 @@ Design decisions:
   ~170 ms, and decoding adds 5.7 + 54·u ms to it (u = decode blocks / all blocks), so
   counting a decode block like a block of queued prefill (``d = 1``) sends prompts away
   from actors whose streams are about to end anyway. Found with
-  ``bench/routing/router_sim.py``: over 9 slices of the Mooncake trace at 3 speed-ups
-  with 4 actors and 2 with 8, ``r = 3, d = 0.1`` lowered TTFT mean to 0.83x and 0.78x of
-  Dynamo's cost (geometric means; no slice worse) and raised the hits from 64–67% to
-  91–93% of what the trace can reuse.
+  ``bench/routing/router_sim.py`` (the trace replay simulated, this chooser inside):
+  over 9 slices of the Mooncake trace, 4 actors at 3 speed-ups and 8 at 2, ``r = 3,
+  d = 0.1`` gave 0.83x and 0.78x the TTFT mean of Dynamo's cost and 0.84x and 0.81x its
+  p99 (geometric means; per slice 0.46–0.98x in mean, p99 up to 1.06x on one), and the
+  engines' hits rose to 91–93% of what the trace can reuse on average (Dynamo's cost:
+  65–67%).
+  The real replay against Dynamo 1.6.1 agreed (README, trace replay).
 - Ties go to the actor with the fewest cached blocks (it spreads cache growth, and the
   fuller cache keeps its prefixes longer), then to a random one. With a temperature > 0
   the winner is sampled instead, by softmax over the negated costs divided by the

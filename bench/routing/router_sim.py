@@ -33,6 +33,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bench.common.paths import shared_path
 from bench.routing.sim_engine import BlockKey, SimEngine, SimSequence, block_keys
@@ -56,10 +57,13 @@ class RouterView:
     predicted: set[BlockKey] = field(default_factory=set)  # routed, events not yet in
     routed: set[BlockKey] = field(default_factory=set)  # approximate mode's notes
 
-    def leading(self, keys: Sequence[BlockKey], held: Callable[[BlockKey], bool]) -> int:
+    def overlap(self, keys: Sequence[BlockKey], approximate: bool = False) -> int:
+        """Leading blocks of ``keys`` held: by the events and the predicted blocks (``kv``),
+        or by where prompts were routed (``approximate``)."""
         count = 0
         for key in keys:
-            if not held(key):
+            held = key in self.routed if approximate else key in self.known or key in self.predicted
+            if not held:
                 break
             count += 1
         return count
@@ -122,7 +126,7 @@ class Simulation:
     def _arrive(self, seq: SimSequence) -> None:
         choice = self.policy(self, seq)
         engine, view = self.engines[choice], self.views[choice]
-        overlap = view.leading(seq.keys, lambda k: k in view.known or k in view.predicted)
+        overlap = view.overlap(seq.keys)
         uncached_tokens = seq.prompt_tokens - overlap * self.config.block_size
         view.prefill_blocks[seq.index] = -(-uncached_tokens // self.config.block_size)
         view.predicted.update(seq.keys)
@@ -168,10 +172,7 @@ class Simulation:
     def overlaps(self, seq: SimSequence, approximate: bool) -> dict[str, TierOverlap]:
         out = {}
         for engine, view in zip(self.engines, self.views, strict=True):
-            if approximate:
-                blocks = view.leading(seq.keys, view.routed.__contains__)
-            else:
-                blocks = view.leading(seq.keys, lambda k, v=view: k in v.known or k in v.predicted)
+            blocks = view.overlap(seq.keys, approximate)
             if blocks:
                 out[engine.name] = TierOverlap(blocks)
         return out
@@ -313,7 +314,7 @@ def main(argv: list[str] | None = None) -> None:
         args.out.write_text(json.dumps(report, indent=1))
 
 
-def ratio_summary(rows: list[dict], baseline: str) -> dict[str, dict[str, float]]:
+def ratio_summary(rows: list[dict[str, Any]], baseline: str) -> dict[str, dict[str, float]]:
     """Per policy: its TTFT mean and p99 over the baseline's on each (slice, speed-up),
     as a geometric mean and a maximum, and the range of its share of the reusable hits."""
     base = {(r["slice"], r["speedup"]): r for r in rows if r["policy"] == baseline}

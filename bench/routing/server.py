@@ -59,6 +59,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--router-mode", default="kv", help="the default; requests override it")
     parser.add_argument("--kv-overlap-weight", type=float, default=None, help="w of the kv cost")
     parser.add_argument("--kv-decode-weight", type=float, default=None, help="decode block cost")
+    parser.add_argument(
+        "--kv-recompute-weight", type=float, default=None, help="uncached block cost"
+    )
     args = parser.parse_args(argv)
     args.port = args.port or [8123]
     return args
@@ -119,6 +122,7 @@ async def serve(args: argparse.Namespace) -> None:
             for name, value in (
                 ("overlap_weight", args.kv_overlap_weight),
                 ("decode_weight", args.kv_decode_weight),
+                ("recompute_weight", args.kv_recompute_weight),
             )
             if value is not None  # None: the product's default
         }

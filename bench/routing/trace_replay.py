@@ -104,6 +104,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--block-size", type=int, default=64, help="KV block tokens, both sides")
     parser.add_argument("--kv-overlap-weight", help="dynask's w (default: the product's)")
     parser.add_argument("--kv-decode-weight", help="dynask's decode weight (default: product's)")
+    parser.add_argument("--kv-recompute-weight", help="dynask's r (default: the product's)")
     parser.add_argument("--endpoints", default="", help="URL1,URL2: running servers (endpoints:)")
     parser.add_argument("--model", default=DYNASK_MODEL, help="the model name at --endpoints")
     parser.add_argument("--out", type=Path, default=RESULTS / "trace_replay.json")
@@ -349,7 +350,11 @@ def main(argv: list[str]) -> int:
         "actors": args.actors,
         "block_size": args.block_size,
         "matched_timing": matched_timing(args.block_size),
-        "dynask_weights": {"overlap": args.kv_overlap_weight, "decode": args.kv_decode_weight},
+        "dynask_weights": {
+            "overlap": args.kv_overlap_weight,
+            "decode": args.kv_decode_weight,
+            "recompute": args.kv_recompute_weight,
+        },
         "reusable_share": share,
         "trace_rows": rows,
         "ttft_over_dynamo_kv": ttft_ratios,

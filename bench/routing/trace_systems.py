@@ -76,6 +76,7 @@ def dynask_server(
     for flag_name, value in (
         ("--kv-overlap-weight", args.kv_overlap_weight),
         ("--kv-decode-weight", args.kv_decode_weight),
+        ("--kv-recompute-weight", args.kv_recompute_weight),
     ):
         if value is not None:
             argv += [flag_name, value]

@@ -91,8 +91,16 @@ class RoutingOptions:
     )
     decode_weight: float = flag(
         "--kv-decode-weight",
-        1.0,
-        "cost of one active decode block against one prefill block (default {default})",
+        0.1,
+        "cost of one active decode block against one queued prefill block (default "
+        "{default}; Dynamo's: 1)",
+        type=non_negative_float,
+    )
+    recompute_weight: float = flag(
+        "--kv-recompute-weight",
+        3.0,
+        "cost of one block of the prompt the engine lacks against one queued prefill "
+        "block: the recompute it adds for every later request (default {default}; Dynamo's: 1)",
         type=non_negative_float,
     )
     temperature: float = flag(
@@ -155,6 +163,7 @@ class RoutingOptions:
             mode,
             self.overlap_weight,
             decode_weight=self.decode_weight,
+            recompute_weight=self.recompute_weight,
             temperature=self.temperature,
             seed=self.seed,
         )

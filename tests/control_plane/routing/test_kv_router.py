@@ -51,6 +51,45 @@ def test_the_actor_holding_the_prefix_wins() -> None:
     ]
 
 
+def test_recompute_weight_keeps_a_prefix_its_holder_is_a_little_busier_for() -> None:
+    # a holds 3 of 4 blocks and has 3 blocks of prefill queued; b is idle, holds nothing.
+    # Dynamo's cost (r = 1): a 1 + 3 = 4, b 4 + 0 = 4: a tie, b (fewer cached) takes it
+    # and recomputes the 3 blocks. r = 3: a 3 x 1 + 3 = 6, b 3 x 4 = 12: a keeps it.
+    a = Candidate("a", active_prefill_blocks=3, cached_blocks=30)
+    b = Candidate("b")
+
+    dynamo = kv_router({"a": 3}).choose("r1", PROMPT, [a, b])
+    product = kv_router({"a": 3}, recompute_weight=3.0).choose("r1", PROMPT, [a, b])
+
+    assert [(s.actor, s.cost) for s in dynamo.scores] == [("a", 4.0), ("b", 4.0)]
+    assert dynamo.winner == "b"
+    assert [(s.actor, s.cost) for s in product.scores] == [("a", 6.0), ("b", 12.0)]
+    assert product.winner == "a"
+
+
+def test_recompute_weight_still_gives_way_to_a_long_queue() -> None:
+    # a holds 3 of 4 blocks but has 12 blocks of prefill queued: r = 3 gives a 3 + 12 = 15
+    # against b's idle 12, so the prompt goes where it waits least after all.
+    a = Candidate("a", active_prefill_blocks=12)
+    decision = kv_router({"a": 3}, recompute_weight=3.0).choose("r1", PROMPT, [a, Candidate("b")])
+
+    assert [(s.actor, s.cost) for s in decision.scores] == [("a", 15.0), ("b", 12.0)]
+    assert decision.winner == "b"
+
+
+def test_a_small_decode_weight_counts_decoding_streams_as_little_delay() -> None:
+    # Both idle of prefill; a decodes 40 blocks and holds 2 of the 4, b holds none.
+    # decode_weight 1: a 2 + 40 = 42 > b 4. decode_weight 0.1: a 2 + 4 = 6 > b 4 still,
+    # and with r = 3: a 6 + 4 = 10 < b 12: a's prefix wins over its decoding streams.
+    a = Candidate("a", active_decode_blocks=40)
+    cases = [({}, "b", 42.0), ({"decode_weight": 0.1}, "b", 6.0)]
+    cases.append(({"decode_weight": 0.1, "recompute_weight": 3.0}, "a", 10.0))
+    for config, winner, cost_of_a in cases:
+        decision = kv_router({"a": 2}, **config).choose("r1", PROMPT, [a, Candidate("b")])
+        assert decision.winner == winner, config
+        assert decision.scores[0].cost == pytest.approx(cost_of_a), config
+
+
 def test_the_cost_terms_of_a_hand_computed_example() -> None:
     # w = 2: a holds 3 of 4 blocks but is busy; b holds nothing and is idle.
     # a: 2 * (1 uncached + 2 prefill) + 5 decode = 11;  b: 2 * (4 + 0) + 1 = 9.
@@ -199,6 +238,7 @@ def test_overload_thresholds() -> None:
     [
         (lambda: RouterConfig(mode="fastest"), "RouterConfig.mode has value 'fastest'; use one of"),
         (lambda: RouterConfig(overlap_weight=-1), "overlap_weight has value -1"),
+        (lambda: RouterConfig(recompute_weight=-2), "recompute_weight has value -2"),
         (lambda: RouterConfig(temperature=float("inf")), "temperature has value inf"),
         (lambda: Candidate(""), "Candidate.actor has value ''"),
         (lambda: Candidate("w0", queue_length=-1), "Candidate.queue_length has value -1"),

@@ -5,6 +5,8 @@ request exactly as one control plane routing the whole sequence does.
 
 from __future__ import annotations
 
+from pytest import approx
+
 from dynask.actors.runtime.token_stream import pack_request, read_submission, routed_record
 from dynask.control_plane.routing.model_routing import RoutingOptions
 from dynask.control_plane.routing.peer_routings import PeerRouting, RoutingNote
@@ -22,15 +24,16 @@ def test_two_control_planes_that_hear_each_other_score_as_one() -> None:
     two = play([ControlPlane.new(RoutingOptions()), ControlPlane.new(RoutingOptions())])
 
     assert canonical(two) == canonical(one)
-    # The scores themselves, named canonically: (winner, [(actor, overlap, prefill, decode, cost)])
-    assert canonical(one)[3] == (
+    # The scores themselves, named canonically: (winner, [(actor, overlap, prefill, decode, cost)]);
+    # cost = 3 x uncached + queued prefill + 0.1 x decode blocks (the product's weights)
+    assert canonical(one)[3] == (  # r4, 10 blocks: c0 holds 8 of them
         "c0",
-        [("c0", 8, 8, 0, 10.0), ("c1", 0, 6, 0, 16.0), ("c2", 0, 4, 0, 14.0)],
+        [("c0", 8, 8, 0, 14.0), ("c1", 0, 6, 0, 36.0), ("c2", 0, 4, 0, 34.0)],
     )
-    assert canonical(one)[4] == (  # r5: r1 decodes on c0 (8 blocks + 1 token: 9 blocks),
-        # r4 prefills its 2 uncached blocks there; C2's 6 blocks are predicted on c1
+    assert canonical(one)[4] == (  # r5, 7 blocks: r1 decodes on c0 (8 blocks + 1 token: 9
+        # blocks), r4 prefills its 2 uncached blocks there; C2's 6 blocks are predicted on c1
         "c1",
-        [("c0", 0, 2, 9, 18.0), ("c1", 6, 6, 0, 7.0), ("c2", 0, 4, 0, 11.0)],
+        [("c0", 0, 2, 9, approx(23.9)), ("c1", 6, 6, 0, 9.0), ("c2", 0, 4, 0, 25.0)],
     )
 
 

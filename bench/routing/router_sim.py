@@ -1,0 +1,341 @@
+"""An offline, deterministic simulator of trace replay: routing policies compared in seconds.
+
+``trace_replay`` measures real processes (minutes a run, ~10% noise a run, and only on a
+quiet machine). This module replays the same slice of the Mooncake trace against N
+simulated engines in simulated time, so routing policies can be compared on many slices
+and speed-ups at once, and the routing decision itself is the real one: each arrival
+builds ``Candidate``s and overlaps the way ``ModelRouting`` does and asks a ``KVRouter``.
+
+Design decisions:
+
+- The engine is the mocker's scheduler in miniature (``sim_engine.SimEngine``, at
+  ``trace_systems.matched_timing``: chunked prefill of 8,192 tokens a step, first come
+  first served, prefix caching of 64-token blocks), a step lasting the mocker's own
+  ``simulated_step_ms``. Host time is not modelled.
+- The router sees what the control plane sees: its own accounting of the load
+  (``ActorLoad``: a request is prefilling its uncached blocks until its first token,
+  then decoding all its blocks) and the engines' caches through KV events that arrive
+  ``event_delay_ms`` after the step that stored the blocks; in mode ``kv`` a routed
+  prompt's blocks count as held by its actor until then (the predicted blocks).
+  ``approximate`` reads only where prompts were routed.
+- Deterministic: ties are broken by the router's seeded random, nothing else is random.
+
+    .venv/bin/python -m bench.routing.router_sim --slices 3000:3150,3300:3450 --speedups 2,3,4
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.common.paths import shared_path
+from bench.routing.sim_engine import BlockKey, SimEngine, SimSequence, block_keys
+from bench.routing.trace import TraceRequest, load_trace, parse_slice, reusable_token_share
+from bench.routing.trace_systems import matched_timing
+from dynask.actors.backends.mocker_config import MockerConfig
+from dynask.control_plane.routing.kv_router import Candidate, KVRouter, RouterConfig
+from dynask.control_plane.routing.model_routing import RoutingOptions
+from dynask.kv.prefix_index import TierOverlap
+
+TRACE = shared_path("traces", "mooncake_synthetic_trace.jsonl")
+
+
+@dataclass
+class RouterView:
+    """What the control plane knows of one actor (``ActorLoad`` + the indices)."""
+
+    prefill_blocks: dict[int, int] = field(default_factory=dict)  # request -> uncached blocks
+    decode_blocks: dict[int, int] = field(default_factory=dict)  # request -> held blocks
+    known: set[BlockKey] = field(default_factory=set)  # from KV events
+    predicted: set[BlockKey] = field(default_factory=set)  # routed, events not yet in
+    routed: set[BlockKey] = field(default_factory=set)  # approximate mode's notes
+
+    def overlap(self, keys: Sequence[BlockKey], approximate: bool = False) -> int:
+        """Leading blocks of ``keys`` held: by the events and the predicted blocks (``kv``),
+        or by where prompts were routed (``approximate``)."""
+        count = 0
+        for key in keys:
+            held = key in self.routed if approximate else key in self.known or key in self.predicted
+            if not held:
+                break
+            count += 1
+        return count
+
+
+Policy = Callable[["Simulation", SimSequence], int]
+
+
+class Simulation:
+    """One slice, one policy, N engines; ``run`` returns the replay's summary."""
+
+    def __init__(
+        self,
+        requests: Sequence[TraceRequest],
+        speedup: float,
+        actors: int,
+        policy: Policy,
+        event_delay_ms: float = 20.0,
+    ) -> None:
+        self.config = MockerConfig(**matched_timing(64))
+        self.engines = [SimEngine(f"actor-{i}", self.config) for i in range(actors)]
+        self.views = [RouterView() for _ in range(actors)]
+        self.policy = policy
+        self.event_delay_ms = event_delay_ms
+        start = requests[0].timestamp_ms
+        self.sequences = [
+            SimSequence(
+                i,
+                (r.timestamp_ms - start) / speedup,
+                r.input_length,
+                r.output_length,
+                block_keys(r, self.config.block_size),
+            )
+            for i, r in enumerate(requests)
+        ]
+        self.requests = list(requests)
+        self.now_ms = 0.0
+        self._events: list[tuple[float, int, str, int, object]] = []
+        self._order = 0
+
+    def _push(self, at: float, kind: str, engine: int, payload: object) -> None:
+        self._order += 1
+        heapq.heappush(self._events, (at, self._order, kind, engine, payload))
+
+    def run(self) -> dict[str, float]:
+        for seq in self.sequences:
+            self._push(seq.arrival_ms, "arrive", -1, seq)
+        while self._events:
+            at, _, kind, engine, payload = heapq.heappop(self._events)
+            self.now_ms = at
+            if kind == "arrive":
+                self._arrive(payload)  # type: ignore[arg-type]
+            elif kind == "step_end":
+                self._step_end(engine, payload)  # type: ignore[arg-type]
+            elif kind == "kv_events":
+                self.views[engine].known.update(payload)  # type: ignore[arg-type]
+                self.views[engine].predicted.difference_update(payload)  # type: ignore[arg-type]
+        return self.summary()
+
+    def _arrive(self, seq: SimSequence) -> None:
+        choice = self.policy(self, seq)
+        engine, view = self.engines[choice], self.views[choice]
+        overlap = view.overlap(seq.keys)
+        uncached_tokens = seq.prompt_tokens - overlap * self.config.block_size
+        view.prefill_blocks[seq.index] = -(-uncached_tokens // self.config.block_size)
+        view.predicted.update(seq.keys)
+        view.routed.update(seq.keys)
+        engine.waiting.append(seq)
+        if engine.busy_until is None:
+            self._start_step(choice)
+
+    def _start_step(self, index: int) -> None:
+        engine = self.engines[index]
+        end, chunks, stored = engine.step(self.now_ms)
+        engine.busy_until = end
+        self._push(end, "step_end", index, chunks)
+        if stored:
+            self._push(end + self.event_delay_ms, "kv_events", index, stored)
+
+    def _step_end(self, index: int, chunks: list[tuple[SimSequence, int]]) -> None:
+        engine, view = self.engines[index], self.views[index]
+        for seq, _ in chunks:
+            blocks = -(-(seq.prompt_tokens + seq.generated) // self.config.block_size)
+            if seq.generated >= seq.output_tokens:
+                view.prefill_blocks.pop(seq.index, None)
+                view.decode_blocks.pop(seq.index, None)
+            elif seq.first_token_ms is not None:
+                view.prefill_blocks.pop(seq.index, None)
+                view.decode_blocks[seq.index] = blocks
+        engine.busy_until = None
+        if engine.waiting or engine.running:
+            self._start_step(index)
+
+    def candidates(self) -> list[Candidate]:
+        return [
+            Candidate(
+                e.name,
+                active_prefill_blocks=sum(v.prefill_blocks.values()),
+                active_decode_blocks=sum(v.decode_blocks.values()),
+                cached_blocks=len(v.known),
+                queue_length=len(v.prefill_blocks),
+            )
+            for e, v in zip(self.engines, self.views, strict=True)
+        ]
+
+    def overlaps(self, seq: SimSequence, approximate: bool) -> dict[str, TierOverlap]:
+        out = {}
+        for engine, view in zip(self.engines, self.views, strict=True):
+            blocks = view.overlap(seq.keys, approximate)
+            if blocks:
+                out[engine.name] = TierOverlap(blocks)
+        return out
+
+    def summary(self) -> dict[str, float]:
+        ttfts = sorted(s.first_token_ms - s.arrival_ms for s in self.sequences)  # type: ignore[operator]
+        prompt = sum(s.prompt_tokens for s in self.sequences)
+        hit = sum(s.cached_tokens for s in self.sequences) / prompt
+        reusable = reusable_token_share(self.requests, self.config.block_size)
+        return {
+            "ttft_mean": statistics.fmean(ttfts),
+            "ttft_p50": ttfts[len(ttfts) // 2],
+            "ttft_p99": ttfts[min(len(ttfts) - 1, round(0.99 * (len(ttfts) - 1)))],
+            "hit": hit,
+            "of_reusable": hit / reusable if reusable else 0.0,
+        }
+
+
+class RouterQueueSimulation(Simulation):
+    """An experiment the product does not have: the router holds requests back while every
+    actor has more than ``threshold_blocks`` of prefill queued, then sends the shortest
+    first (fewest blocks uncached on the best-placed actor), or the oldest once one has
+    waited ``max_wait_ms``. It measures what reordering could buy over routing alone: the
+    engines run their queues first come, first served."""
+
+    def __init__(
+        self, *args: object, threshold_blocks: int = 64, max_wait_ms: float | None = None
+    ) -> None:
+        super().__init__(*args)  # type: ignore[arg-type]
+        self.threshold_blocks = threshold_blocks
+        self.max_wait_ms = max_wait_ms
+        self.held: list[SimSequence] = []
+
+    def _arrive(self, seq: SimSequence) -> None:
+        self.held.append(seq)
+        self._release()
+
+    def _step_end(self, index: int, chunks: list[tuple[SimSequence, int]]) -> None:
+        super()._step_end(index, chunks)
+        self._release()
+
+    def _release(self) -> None:
+        while self.held and any(
+            sum(view.prefill_blocks.values()) <= self.threshold_blocks for view in self.views
+        ):
+            overdue = [
+                seq
+                for seq in self.held
+                if self.max_wait_ms is not None and self.now_ms - seq.arrival_ms > self.max_wait_ms
+            ]
+            seq = overdue[0] if overdue else min(self.held, key=self._uncached_at_best)
+            self.held.remove(seq)
+            super()._arrive(seq)
+
+    def _uncached_at_best(self, seq: SimSequence) -> int:
+        overlaps = self.overlaps(seq, approximate=False).values()
+        return len(seq.keys) - max((overlap.total_blocks for overlap in overlaps), default=0)
+
+
+def router_policy(config: RouterConfig) -> Policy:
+    """The product's ``KVRouter`` with ``config`` (fresh per simulation)."""
+    routers: dict[int, KVRouter] = {}
+
+    def choose(sim: Simulation, seq: SimSequence) -> int:
+        router = routers.setdefault(id(sim), KVRouter(config))
+        overlaps = sim.overlaps(seq, config.mode == "approximate")
+        hashes = list(range(len(seq.keys)))  # only their count matters to the chooser
+        decision = router.choose(str(seq.index), hashes, sim.candidates(), overlaps)
+        return int(decision.winner.rsplit("-", 1)[1])
+
+    return choose
+
+
+PRODUCT = RoutingOptions(seed=0)  # the control plane's default weights
+POLICIES: dict[str, Callable[[], Policy]] = {
+    "kv": lambda: router_policy(PRODUCT.router_config("kv")),
+    "approximate": lambda: router_policy(PRODUCT.router_config("approximate")),
+    "kv-dynamo": lambda: router_policy(RouterConfig("kv", seed=0)),  # Dynamo's cost
+    "approximate-dynamo": lambda: router_policy(RouterConfig("approximate", seed=0)),
+    "least-loaded": lambda: router_policy(PRODUCT.router_config("least-loaded")),
+    "round-robin": lambda: router_policy(RouterConfig("round-robin", seed=0)),
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trace", type=Path, default=TRACE)
+    parser.add_argument("--slices", default="3000:3150,3300:3450")
+    parser.add_argument("--speedups", default="3")
+    parser.add_argument("--actors", type=int, default=4)
+    parser.add_argument("--policies", default="kv,approximate,kv-dynamo,round-robin")
+    parser.add_argument("--baseline", default="kv-dynamo", help="ratios are against it")
+    parser.add_argument(
+        "--router-queue",
+        default="",
+        help="THRESHOLD_BLOCKS[:MAX_WAIT_MS],...: also run kv with a router-side queue "
+        "(RouterQueueSimulation), once per setting",
+    )
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    trace = load_trace(args.trace)
+    rows = []
+    for text in args.slices.split(","):
+        requests = trace[parse_slice(text)]
+        for speedup in (float(s) for s in args.speedups.split(",")):
+            runs = [
+                (name, Simulation(requests, speedup, args.actors, POLICIES[name]()))
+                for name in args.policies.split(",")
+            ]
+            for setting in filter(None, args.router_queue.split(",")):
+                threshold, _, wait = setting.partition(":")
+                queued = RouterQueueSimulation(
+                    requests,
+                    speedup,
+                    args.actors,
+                    POLICIES["kv"](),
+                    threshold_blocks=int(threshold),
+                    max_wait_ms=float(wait) if wait else None,
+                )
+                runs.append((f"kv+queue {setting}", queued))
+            for name, simulation in runs:
+                result = simulation.run()
+                rows.append({"slice": text, "speedup": speedup, "policy": name, **result})
+                print(
+                    f"{text:>10} x{speedup:<4g} {name:<18} TTFT mean {result['ttft_mean']:8.0f}"
+                    f" p50 {result['ttft_p50']:8.0f} p99 {result['ttft_p99']:8.0f} ms"
+                    f"  hit {result['hit']:.3f} ({result['of_reusable']:.0%} of reusable)"
+                )
+    summary = ratio_summary(rows, args.baseline)
+    for name, row in summary.items():
+        print(
+            f"{name:<18} over {args.baseline}: TTFT mean geo {row['mean_geo']:.3f}"
+            f" (max {row['mean_max']:.3f}), p99 geo {row['p99_geo']:.3f}"
+            f" (max {row['p99_max']:.3f});"
+            f" of reusable {row['reuse_min']:.0%}..{row['reuse_max']:.0%}"
+        )
+    if args.out:
+        report = {"command": sys.argv, "rows": rows, "over_baseline": summary}
+        args.out.write_text(json.dumps(report, indent=1))
+
+
+def ratio_summary(rows: list[dict[str, Any]], baseline: str) -> dict[str, dict[str, float]]:
+    """Per policy: its TTFT mean and p99 over the baseline's on each (slice, speed-up),
+    as a geometric mean and a maximum, and the range of its share of the reusable hits."""
+    base = {(r["slice"], r["speedup"]): r for r in rows if r["policy"] == baseline}
+    out = {}
+    for name in dict.fromkeys(r["policy"] for r in rows):
+        mine = [r for r in rows if r["policy"] == name and (r["slice"], r["speedup"]) in base]
+        if not mine:
+            continue
+        means = [r["ttft_mean"] / base[r["slice"], r["speedup"]]["ttft_mean"] for r in mine]
+        p99s = [r["ttft_p99"] / base[r["slice"], r["speedup"]]["ttft_p99"] for r in mine]
+        reuse = [r["of_reusable"] for r in mine]
+        out[name] = {
+            "mean_geo": statistics.geometric_mean(means),
+            "mean_max": max(means),
+            "p99_geo": statistics.geometric_mean(p99s),
+            "p99_max": max(p99s),
+            "reuse_min": min(reuse),
+            "reuse_max": max(reuse),
+        }
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""bench/routing/router_sim: the simulated engine's exact step times and prefix hits, and
+the router's choices inside the simulation (the product's cost against Dynamo's)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.routing.router_sim import POLICIES, RouterQueueSimulation, Simulation
+from bench.routing.sim_engine import SimEngine, SimSequence, block_keys
+from bench.routing.trace import TraceRequest
+from bench.routing.trace_systems import matched_timing
+from dynask.actors.backends.mocker_config import MockerConfig
+
+CONFIG = MockerConfig(**matched_timing(64))
+
+
+def _prefill_ms(tokens: int) -> float:
+    return 4.2e-7 * tokens**2 + 0.0152 * tokens + 16.5
+
+
+def test_block_keys_name_each_64_token_block_by_its_trace_block() -> None:
+    request = TraceRequest(0.0, 1100, 1, (7, 9, 4))
+
+    assert block_keys(request, 64) == [(7, i) for i in range(8)] + [(9, i) for i in range(8)] + [
+        (4, 0)
+    ]
+
+
+def test_a_prompt_prefills_in_chunks_of_the_step_budget_and_its_blocks_are_cached() -> None:
+    engine = SimEngine("actor-0", CONFIG)
+    keys = block_keys(TraceRequest(0.0, 10_000, 2, tuple(range(20))), 64)
+    seq = SimSequence(0, 0.0, 10_000, 2, keys)
+    engine.waiting.append(seq)
+
+    first_end, _, first_stored = engine.step(0.0)
+    second_end, _, second_stored = engine.step(first_end)
+
+    assert first_end == pytest.approx(_prefill_ms(8192))
+    assert second_end == pytest.approx(_prefill_ms(8192) + _prefill_ms(1808))
+    assert seq.first_token_ms == second_end and seq.generated == 1
+    assert (len(first_stored), len(second_stored)) == (128, 28)  # 10,000 // 64 = 156
+
+
+def test_a_later_prompt_starts_after_the_prefix_the_engine_holds() -> None:
+    engine = SimEngine("actor-0", CONFIG)
+    first = SimSequence(0, 0.0, 1024, 1, block_keys(TraceRequest(0.0, 1024, 1, (1, 2)), 64))
+    engine.waiting.append(first)
+    end, _, _ = engine.step(0.0)
+    second = SimSequence(1, end, 1100, 1, block_keys(TraceRequest(0.0, 1100, 1, (1, 2, 3)), 64))
+    engine.waiting.append(second)
+
+    engine.step(end)
+
+    assert second.cached_tokens == 1024  # both trace blocks; 76 tokens computed
+    assert second.first_token_ms == pytest.approx(end + _prefill_ms(76))
+
+
+def _shared_prefix_trace() -> list[TraceRequest]:
+    # r0 (16k tokens, 256 blocks) lands on actor-0; r1 (16k, unrelated) on another actor
+    # while r0 prefills; r2 (192 blocks) shares r0's first 128 and arrives while both
+    # still prefill.
+    return [
+        TraceRequest(0.0, 16_384, 4, tuple(range(100, 132))),
+        TraceRequest(1.0, 16_384, 4, tuple(range(200, 232))),
+        TraceRequest(2.0, 12_288, 4, (*range(100, 116), *range(300, 308))),
+    ]
+
+
+def test_the_products_cost_keeps_a_shared_prefix_where_dynamos_recomputes_it() -> None:
+    product = Simulation(_shared_prefix_trace(), 1.0, 3, POLICIES["kv"]())
+    dynamo = Simulation(_shared_prefix_trace(), 1.0, 3, POLICIES["kv-dynamo"]())
+
+    product_result, dynamo_result = product.run(), dynamo.run()
+
+    # Dynamo's cost: r2 on the idle actor is 192 blocks against 64 + 256 on actor-0.
+    # The product's: 3 x 192 = 576 against 3 x 64 + 256 = 448: it waits for r0's prefix.
+    assert [s.cached_tokens for s in dynamo.sequences] == [0, 0, 0]
+    assert [s.cached_tokens for s in product.sequences] == [0, 0, 8192]
+    assert product_result["hit"] == pytest.approx(8192 / (16_384 * 2 + 12_288))
+    assert dynamo_result["hit"] == 0.0
+
+
+def test_a_router_queue_sends_the_shortest_held_request_first() -> None:
+    trace = [
+        TraceRequest(0.0, 8192, 1, tuple(range(16))),
+        TraceRequest(1.0, 32_768, 1, tuple(range(100, 164))),
+        TraceRequest(2.0, 1024, 1, (500, 501)),
+    ]
+    queued = RouterQueueSimulation(trace, 1.0, 1, POLICIES["kv"](), threshold_blocks=0)
+
+    queued.run()
+
+    # r0 runs alone; once it has its first token, r2 (16 blocks) goes before r1 (512).
+    long, short = (queued.sequences[i].first_token_ms or 0.0 for i in (1, 2))
+    assert short == pytest.approx(_prefill_ms(8192) + _prefill_ms(1024))
+    assert long > short

@@ -6,7 +6,8 @@ This probe runs the same engine on its thread (``Engine.start``) with an asyncio
 the main thread standing in for the worker's, and stamps each step twice: when the
 engine thread publishes it and when the loop runs the hand-off. Gaps between consecutive
 stamps of each kind (p50/p99/max) and the hand-off delay, per setting in the same run:
-asynchronous scheduling on/off, and Python's GIL switch interval (5 ms by default).
+Python's GIL switch interval (5 ms by default) and, a run each, asynchronous
+scheduling on or off (``--async-scheduling``).
 
     python3 -m bench.serving.stream_handoff_probe --tokenizer .devcarry/tokenizer
 """
@@ -86,6 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--clients", default="1,16")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--async-scheduling", default="on", choices=("on", "off"))
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     config = BenchConfig(
@@ -95,8 +97,9 @@ def main(argv: list[str] | None = None) -> None:
         max_batched_tokens=2048, gpu_memory_utilization=0.5,
     )  # fmt: skip
     rows = []
-    for async_on in (True, False):
-        engine, _ = build_engine(replace(config, async_scheduling="on" if async_on else "off"))
+    # One setting per process: a second engine here would be charged for the first's memory.
+    for async_on in (args.async_scheduling == "on",):
+        engine, _ = build_engine(replace(config, async_scheduling=args.async_scheduling))
         warm_up(engine, None, 512)
         hand_off = HandOff()
         engine.add_output_listener(hand_off)

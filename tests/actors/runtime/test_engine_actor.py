@@ -345,3 +345,22 @@ def test_an_engine_actor_stops_its_workers_profiler(smollm2_folder: Path) -> Non
                 await proxy.stop()
 
     asyncio.run(main())
+
+
+def test_a_torch_engines_worker_hands_the_gil_over_every_half_millisecond() -> None:
+    # The engine thread's hand-offs to the worker's loop waited up to Python's 5 ms switch
+    # interval (H200: p99 18.5 ms at 16 streams; 5.5 ms at 0.5 ms). Never lengthened.
+    import sys
+
+    from dynask.actors.runtime import engine_actor
+
+    before = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(0.005)
+        engine_actor._hand_the_gil_over_sooner()
+        assert sys.getswitchinterval() == pytest.approx(0.0005)
+        sys.setswitchinterval(0.0002)  # someone chose shorter: kept
+        engine_actor._hand_the_gil_over_sooner()
+        assert sys.getswitchinterval() == pytest.approx(0.0002)
+    finally:
+        sys.setswitchinterval(before)

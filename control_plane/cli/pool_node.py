@@ -25,6 +25,7 @@ from dynask.control_plane.cluster.plan import engine_spec, served_name
 from dynask.control_plane.state.deployment import BUNDLED_MODEL, DeploymentSpec
 
 NODE_DEATH_TIMEOUT_S = 60  # a worker whose scheduler is gone this long exits
+NANNY_CLOSE_TIMEOUT_S = 2  # at exit: a worker still alive after ~0.8 x this is killed
 
 
 def pool_node_command(args: argparse.Namespace) -> int:
@@ -91,5 +92,8 @@ async def _join(spec: DeploymentSpec, scheduler: str, n_workers: int) -> int:
             [*ended, asyncio.ensure_future(stop.wait())], return_when="FIRST_COMPLETED"
         )
     finally:
-        await asyncio.gather(*(n.close() for n in nannies), return_exceptions=True)
+        # The workers got the same Ctrl-C (one process group) and close themselves; one
+        # that has not within NANNY_CLOSE_TIMEOUT_S is killed, so the node exits promptly.
+        closing = (n.close(timeout=NANNY_CLOSE_TIMEOUT_S) for n in nannies)
+        await asyncio.gather(*closing, return_exceptions=True)
     return 0

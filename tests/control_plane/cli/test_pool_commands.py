@@ -93,7 +93,7 @@ def test_nodes_join_a_pool_and_a_front_end_serves_it(
                 (tmp_path / "node-3.log").read_text()
             )
 
-            sp.stop(first)  # Ctrl-C: its worker leaves, its engine is dropped
+            sp.stop(first, timeout=90)  # Ctrl-C: its worker leaves (a loaded host is slow)
             assert first.returncode == 130
             assert len(_engines_become(base, 1)) == 1
             again = client.chat.completions.create(

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Issue 19's decode-kernel run on the H200 (the skinny fused projections, opt-in with
-# --unverified-cuda-kernels), one device call, from the repository root with .devcarry/:
+# Issue 19's decode-kernel run on the H200 (the skinny fused projections, --cuda-fast-paths,
+# the default since 2026-12-01), one device call, from the repository root with .devcarry/:
 #   bash bench/h200_decodefuse.sh
 # 1. the new kernels' tests on CUDA (float32; a tiny Llama with the kernels forced against
-# HF; the opt-in switch's own tests); 2. cuBLAS vs the Triton tiles per decode projection
-# (bench.engine.skinny_matmul); 3. same-run throughput in this tree, opt-in off then on
+# HF; the fast paths' switch's own tests); 2. cuBLAS vs the Triton tiles per decode
+# projection (bench.engine.skinny_matmul); 3. same-run throughput in this tree, off then on
 # (bench/h200_optin.sh, batches 1,64,256); 4. with the time left (BUDGET seconds in all),
 # float32 engine tests on CUDA. Seven files come back.
 set -uo pipefail
@@ -14,7 +14,7 @@ bash bench/h200.sh setup 2>&1 | tee "$OUT/setup.log"
 export PYTHONPATH=/tmp/ns:$PWD:/tmp/site PYTHONUNBUFFERED=1
 export DYNASK_TEST_TOKENIZER=$PWD/.devcarry/tokenizer DYNASK_CACHE_DIR=/tmp/dynask-cache
 DYNASK_TEST_DEVICE=cuda timeout 90 python3 -m pytest -q -p no:cacheprovider \
-    tests/actors/engine/test_skinny_matmul.py tests/actors/engine/test_unverified_cuda_kernels.py \
+    tests/actors/engine/test_skinny_matmul.py tests/actors/engine/test_cuda_fast_paths.py \
     2>&1 | tail -n 15 | tee "$OUT/tests-kernels.log"
 timeout 90 python3 -m bench.engine.skinny_matmul --rows 1,16,64 --out "$OUT/skinny.json" 2>&1 \
     | tee "$OUT/skinny.log"

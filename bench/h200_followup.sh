@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# After the first runs of the opt-in kernels (issue 19) and of the id-driven block copy
+# After the first runs of the CUDA fast paths (issue 19) and of the id-driven block copy
 # (issue 20), one device call from the repository root with .devcarry/:
 #   BUDGET=580 bash bench/h200_followup.sh
 # 1. the block-copy kernel tests and the CUDA IPC tests on CUDA; 2. the copy's launch
 # profile (bench.disaggregation.ipc_launch_profile: the id kernel against the rows built
 # on the device, same run) and bench.disaggregation.ipc_gpu (CUDA IPC of 1 GiB against
-# copy_()); 3. decode throughput at batch 64 and 256, opt-in off/on twice, alternated
+# copy_()); 3. decode throughput at batch 64 and 256, fast paths off/on twice, alternated
 # (off, on, off, on: is batch 256's on/off drop the GPU's or the code's?); 4. with the
 # time left, the whole stack (bench.serving.gpu_stack, 1/16/64 clients) with the
-# opt-in off then on. Everything goes into $OUT/followup.tgz, the tables to stdout.
+# fast paths off then on. Everything goes into $OUT/followup.tgz, the tables to stdout.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 work=/tmp/followup
@@ -34,7 +34,7 @@ pack
 left=$((${BUDGET:-580} - SECONDS - 10))
 echo "== stack with ${left}s left"
 ((left > 120)) && timeout $left python3 -m bench.serving.gpu_stack --tokenizer .devcarry/tokenizer \
-    --clients 1,16,64 --unverified-cuda-kernels off,on --out "$work/serve-h200-stack.json" 2>&1 \
+    --clients 1,16,64 --cuda-fast-paths off,on --out "$work/serve-h200-stack.json" 2>&1 \
     | tee "$work/stack.log" | grep -v "^\s*$" | tail -n 30
 tail -n 40 /tmp/dynask-gpu-stack/*.log > "$work/stack-server.log" 2>/dev/null
 pack

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The opt-in CUDA kernels (EngineConfig.unverified_cuda_kernels: built, not yet run on a
-# GPU) against the kernels of before, in THIS tree, same run: bench.engine.throughput
-# twice with the same arguments, without then with --unverified-cuda-kernels, and the
+# The CUDA fast paths (EngineConfig.cuda_fast_paths, on by default since 2026-12-01)
+# against the kernels of before, in THIS tree, same run: bench.engine.throughput twice
+# with the same arguments, with --no-cuda-fast-paths then with --cuda-fast-paths, and the
 # on/off table of bench.engine.opt_in_compare. From the repository root, after
 # `bash bench/h200.sh setup`:
 #   TAG=NAME BATCHES=1,64,256 EXTRA="more throughput arguments" bash bench/h200_optin.sh
@@ -19,9 +19,9 @@ args=(--device cuda --random-model llama-8b --batches "${BATCHES:-1,64,256}" --p
       --ttft-prompt-len 512 --ttft-trials 1 --skip-hf --tokenizer .devcarry/tokenizer)
 args+=(${EXTRA:-})  # the last of a flag wins
 for side in off on; do
-    flag=()
-    [[ $side == on ]] && flag=(--unverified-cuda-kernels)
-    echo "== $tag, opt-in $side" | tee -a "$OUT/$tag.log"
+    flag=(--no-cuda-fast-paths)
+    [[ $side == on ]] && flag=(--cuda-fast-paths)
+    echo "== $tag, fast paths $side" | tee -a "$OUT/$tag.log"
     timeout ${SIDE_TIMEOUT:-150} python3 -m bench.engine.throughput "${args[@]}" "${flag[@]}" \
         --out "$work/$side.json" 2>&1 | grep -v "triton compile" | tail -n 34 \
         | tee -a "$OUT/$tag.log"

@@ -14,10 +14,10 @@ chunks with a cached prefix another. Its tensors are int32 and fixed-shape per b
 size, so a decode step can be captured in a CUDA graph and replayed.
 
 Both: a chunk with no cached prefix attends straight to its own fresh keys with SDPA
-(flash attention on a GPU), skipping the cache. With the opt-in
-``AttentionMetadata.unverified_cuda_kernels`` (``EngineConfig.unverified_cuda_kernels``:
-built, not yet run on a GPU) a long bf16/fp16 chunk goes to cuDNN's SDPA, and a chunk that
-is the step's only work returns its SDPA output as the step's (no copy).
+(flash attention on a GPU), skipping the cache. With ``AttentionMetadata.cuda_fast_paths``
+(set by the CUDA step builder from ``EngineConfig.cuda_fast_paths``, on by default; never on
+a CPU) a long bf16/fp16 chunk goes to cuDNN's SDPA, and a chunk that is the step's only
+work returns its SDPA output as the step's (no copy).
 
 Sliding windows (Mistral, windowed Qwen2 layers): a layer's ``window`` W lets a token see
 the last W positions, itself included, as transformers does. The CPU path masks the rest
@@ -98,8 +98,8 @@ class PagedPrefill:
 
     block_tables: torch.Tensor  # [chunks, max_blocks] int32
     tiles: torch.Tensor  # [4, tiles] int32, see triton_attention.prefill_tiles
-    # Key splits per tile (triton_attention.prefill_splits); > 1 only with the opt-in
-    # split kernel (EngineConfig.unverified_cuda_kernels), 1: the kernel of before.
+    # Key splits per tile (triton_attention.prefill_splits); > 1 only with the
+    # split kernel (EngineConfig.cuda_fast_paths), 1: the kernel of before.
     num_splits: int = 1
     # The split launch's scratch, made by the first layer and reused by the others (one
     # stream: a layer's merge has read it before the next layer's kernel writes it).
@@ -128,9 +128,9 @@ class AttentionMetadata:
     prefills: list[PrefillChunk] = field(default_factory=list)  # CUDA: uncached ones only
     paged_decode: PagedDecode | None = None
     paged_prefill: PagedPrefill | None = None
-    # CUDA, opt-in (EngineConfig.unverified_cuda_kernels, built, not yet run on a GPU):
-    # cuDNN for a long lone chunk, a lone chunk's SDPA output returned uncopied.
-    unverified_cuda_kernels: bool = False
+    # CUDA only (build_cuda_inputs sets it from EngineConfig.cuda_fast_paths; False on a
+    # CPU): cuDNN for a long lone chunk, a lone chunk's SDPA output returned uncopied.
+    cuda_fast_paths: bool = False
 
 
 def write_kv(
@@ -163,8 +163,8 @@ def paged_attention(
     """
     if store_kv:
         write_kv(k_cache, v_cache, k.to(k_cache.dtype), v.to(v_cache.dtype), meta.slot_mapping)
-    opt_in = meta.unverified_cuda_kernels
-    if opt_in and q.device.type == "cuda" and _one_chunk_only(meta, q.shape[0]):
+    fast = meta.cuda_fast_paths
+    if fast and q.device.type == "cuda" and _one_chunk_only(meta, q.shape[0]):
         # A lone prompt chunk (CUDA keeps q and the cache in one dtype): SDPA's output is
         # the step's, no copy into a fresh tensor.
         chunk = meta.prefills[0]
@@ -186,7 +186,7 @@ def paged_attention(
         )
     if meta.paged_prefill is not None:
         chunks = meta.paged_prefill
-        if chunks.num_splits > 1:  # opt-in: the split kernel and its merge
+        if chunks.num_splits > 1:  # fast paths: the split kernel and its merge
             triton_attention.paged_prefill_split(
                 q, k_cache, v_cache, out, chunks.block_tables, chunks.tiles, scale, window,
                 chunks.num_splits, chunks.partials(q, k_cache.shape[2]),
@@ -204,7 +204,7 @@ def paged_attention(
         )
     for chunk in meta.prefills:
         out[chunk.start : chunk.end] = _prefill_attention(
-            q, k, v, k_cache, v_cache, chunk, scale, window, cudnn=opt_in
+            q, k, v, k_cache, v_cache, chunk, scale, window, cudnn=fast
         )
     return out
 
@@ -246,7 +246,7 @@ def _prefill_attention(
     window: int | None,
     cudnn: bool = False,
 ) -> torch.Tensor:
-    """``cudnn``: a long fresh bf16/fp16 chunk may take cuDNN's SDPA (opt-in)."""
+    """``cudnn``: a long fresh bf16/fp16 chunk may take cuDNN's SDPA (fast paths)."""
     queries = q[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0)
     num_new = chunk.end - chunk.start
     if window is not None and chunk.num_cached + num_new <= window:
@@ -279,8 +279,8 @@ def _prefill_attention(
 def _fresh_chunk_backends(
     device: torch.device, num_tokens: int, dtype: torch.dtype, cudnn: bool = False
 ) -> AbstractContextManager[None]:
-    """On CUDA: flash attention (else efficient/math); with ``cudnn`` (opt-in, not yet run
-    on a GPU) cuDNN first for a long bf16/fp16 chunk.
+    """On CUDA: flash attention (else efficient/math); with ``cudnn`` (the fast paths)
+    cuDNN first for a long bf16/fp16 chunk.
 
     cuDNN's SDPA builds an execution plan per new shape and stride, ~0.8 ms of CPU per
     call; chunks of ever-new lengths at ever-new offsets in the step's q made mixed steps

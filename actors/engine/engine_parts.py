@@ -132,9 +132,7 @@ def assemble_engine_parts(config: EngineConfig, loaded: LoadedModel, started: fl
         model_config.head_dim,
         cache_dtype,
     )
-    runner = ModelRunner(
-        loaded.model, spec, device, loaded.eos_token_ids, config.unverified_cuda_kernels
-    )
+    runner = ModelRunner(loaded.model, spec, device, loaded.eos_token_ids, config.cuda_fast_paths)
     if device.type == "cuda":
         runner.compile_kernels()
     if device.type == "cuda" and config.cuda_graphs:

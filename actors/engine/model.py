@@ -7,11 +7,12 @@ all sequences in a step are flattened into one ``[tokens, hidden]`` batch. Each 
 hands the next its MLP output and the residual apart, so that the residual add and the
 next RMSNorm are one op (``fused_ops``: one kernel each on CUDA, plain torch on a CPU).
 
-Opt-in (``use_skinny_projections``, ``EngineConfig.unverified_cuda_kernels``; built, not
-yet run on a GPU): at small batch on CUDA every projection but the LM head goes through
-``skinny_matmul`` (cuBLAS or a Triton kernel, whichever its timing found faster; the
-Triton kernel takes the add + RMSNorm in front of q|k|v and gate|up, and the SiLU·mul in
-front of down). Off, the default, each layer runs the ops of before, unchanged.
+Skinny projections (``use_skinny_projections``, which the CUDA runner calls under
+``EngineConfig.cuda_fast_paths``, on by default since 2026-12-01): at small batch on CUDA
+every projection but the LM head goes through ``skinny_matmul`` (cuBLAS or a Triton
+kernel, whichever its timing found faster; the Triton kernel takes the add + RMSNorm in
+front of q|k|v and gate|up, and the SiLU·mul in front of down). Not called (a CPU, or the
+fast paths off), each layer runs the ops of before, unchanged.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None, layer: nn.Linear
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(layer(norm(x + residual)), x + residual)``; at small batch on CUDA the norm
-        may run inside the matmul (``skinny_matmul.norm_linear``; opt-in)."""
+        may run inside the matmul (``skinny_matmul.norm_linear``; skinny path)."""
         return skinny_matmul.norm_linear(x, residual, self.weight, self.eps, layer)
 
 
@@ -151,7 +152,7 @@ class MLP(nn.Module):
         return down
 
     def gated_down(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """The down projection of the fused gate|up output, SiLU·mul maybe fused (opt-in)."""
+        """The down projection of the fused gate|up output, SiLU·mul maybe fused (skinny)."""
         return skinny_matmul.gated_linear(gate_up, self.down_proj)
 
 
@@ -162,7 +163,7 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(config, window)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
-        self.skinny_projections = False  # opt-in: CausalLM.use_skinny_projections
+        self.skinny_projections = False  # set by CausalLM.use_skinny_projections
 
     def forward(
         self,
@@ -192,7 +193,7 @@ class DecoderLayer(nn.Module):
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``forward`` with every projection through ``skinny_matmul`` (opt-in)."""
+        """``forward`` with every projection through ``skinny_matmul`` (skinny path)."""
         attn = self.self_attn
         qkv, residual = self.input_layernorm.add_norm_linear(hidden, residual, attn.qkv_proj)
         attended = attn.attend(qkv, positions, rotary, kv_cache, meta)
@@ -219,8 +220,8 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
 
     def use_skinny_projections(self) -> None:
-        """Opts in to the skinny fused projections (``skinny_matmul``; built, not yet run on
-        a GPU: ``EngineConfig.unverified_cuda_kernels``). Only the model's runner calls it."""
+        """Turns on the skinny fused projections (``skinny_matmul``). Only the model's
+        runner calls it, on CUDA under ``EngineConfig.cuda_fast_paths``."""
         for layer in self.layers:
             cast(DecoderLayer, layer).skinny_projections = True
 

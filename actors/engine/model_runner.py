@@ -6,8 +6,8 @@ sequence's pending tokens; a prefill chunk that stops mid-prompt samples nothing
 
 On CUDA the step's inputs come from ``cuda_step`` (paged kernels reading the cache in
 place); a decode-only step replays a CUDA graph when graphs were captured
-(``capture_decode_graphs``), and with the opt-in ``unverified_cuda_kernels`` (built, not
-yet run on a GPU) so does a cached prompt's short last chunk (``cuda.prefill_graph``).
+(``capture_decode_graphs``), and with ``cuda_fast_paths`` (the default) so does a cached
+prompt's short last chunk (``cuda.prefill_graph``).
 The cache then has one extra scratch block past the pool's blocks, where padded graph
 rows write. Sampling runs where the logits are and hands back
 the token ids with one device-to-host copy.
@@ -47,9 +47,10 @@ class KVCacheSpec:
 class ModelRunner:
     """Owns the model and its KV cache tensors on one device.
 
-    ``unverified_cuda_kernels`` (``EngineConfig``'s; CUDA only, built, not yet run on a
-    GPU) opts in to the skinny fused projections, the prefill key splits, cuDNN for long
-    lone chunks and the short-prefill graph; off, the kernels and paths of before.
+    ``cuda_fast_paths`` (``EngineConfig``'s, on by default) turns on the skinny fused
+    projections, the prefill key splits, cuDNN for long lone chunks and the short-prefill
+    graph; off, the kernels and paths of before. It is read on a CUDA device only: a CPU
+    runner has no ``CudaLayout`` and never calls ``use_skinny_projections``.
     """
 
     def __init__(
@@ -58,7 +59,7 @@ class ModelRunner:
         spec: KVCacheSpec,
         device: torch.device,
         eos_token_ids: tuple[int, ...] = (),  # what ``min_tokens`` masks
-        unverified_cuda_kernels: bool = False,
+        cuda_fast_paths: bool = True,
     ) -> None:
         self.model = model
         self.spec = spec
@@ -78,9 +79,9 @@ class ModelRunner:
                 group=config.num_heads // config.num_kv_heads,
                 num_sms=torch.cuda.get_device_properties(device).multi_processor_count,
                 scratch_slot=spec.num_blocks * spec.block_size,
-                unverified_kernels=unverified_cuda_kernels,
+                fast_paths=cuda_fast_paths,
             )
-            if unverified_cuda_kernels:
+            if cuda_fast_paths:
                 model.use_skinny_projections()
         shape = (num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
         # Zeroed, not empty: padded decode rows read slot 0, and garbage (NaN) there would
@@ -94,17 +95,17 @@ class ModelRunner:
         ]
 
     def compile_kernels(self) -> None:
-        """Compiles the paged prefill kernel now (CUDA; opted in: the split one too); decode
-        kernels compile on capture."""
+        """Compiles the paged prefill kernel now (CUDA; with the fast paths the split one
+        too); decode kernels compile on capture."""
         if self.cuda_layout is not None:
             k_cache, v_cache = self.kv_caches[0]
             compile_paged_prefill(k_cache, v_cache, self.model.config.num_heads)
-            if self.cuda_layout.unverified_kernels:
+            if self.cuda_layout.fast_paths:
                 compile_split_prefill(k_cache, v_cache, self.model.config.num_heads)
 
     def capture_decode_graphs(self, max_batch: int, max_model_len: int) -> None:
-        """Captures decode steps of up to ``max_batch`` rows (CUDA only); opted in, the
-        short prefill step of a cached prompt's last block too."""
+        """Captures decode steps of up to ``max_batch`` rows (CUDA only); with the fast
+        paths, the short prefill step of a cached prompt's last block too."""
         if self.cuda_layout is None:
             raise ValueError(f"CUDA graphs need a CUDA device; this runner is on {self.device}")
         max_blocks = ceil_div(max_model_len, self.spec.block_size)
@@ -112,7 +113,7 @@ class ModelRunner:
             self.graphs = DecodeGraphs(
                 self.model, self.kv_caches, self.cuda_layout, max_batch, max_blocks
             )
-            if self.cuda_layout.unverified_kernels:
+            if self.cuda_layout.fast_paths:
                 self.short_prefill = self._capture_short_prefill(max_blocks)
 
     def _capture_short_prefill(self, max_blocks: int) -> ShortPrefillGraph:
@@ -272,7 +273,7 @@ class ModelRunner:
             and graphs.bucket_for(len(ordered))
         ):
             return graphs.replay(plan.rows, plan.decode_tables)  # every row samples
-        short = self.short_prefill  # None unless opted in
+        short = self.short_prefill  # None unless the fast paths are on
         if short is not None and short.fits(plan, all_sample):
             return short.replay(plan)
         if self.cuda_layout is not None:

@@ -66,9 +66,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path]:
         help="engine's async_scheduling (auto: on for CUDA)",
     )
     parser.add_argument(
-        "--unverified-cuda-kernels",
-        action="store_true",
-        help="engine's opt-in CUDA kernels (built, not yet run on a GPU; default off)",
+        "--cuda-fast-paths",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="engine's cuda_fast_paths (default on; --no-cuda-fast-paths: the kernels of before)",
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
@@ -95,6 +96,6 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path]:
         vllm=args.vllm,
         decode_bursts=args.decode_burst,
         async_scheduling=args.async_scheduling,
-        unverified_cuda_kernels=args.unverified_cuda_kernels,
+        cuda_fast_paths=args.cuda_fast_paths,
     )
     return config, args.out

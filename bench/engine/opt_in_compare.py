@@ -1,9 +1,11 @@
-"""The opt-in CUDA kernels against the kernels of before, from two runs of one tree.
+"""The CUDA fast paths against the kernels of before, from two runs of one tree.
 
-``bench/h200_optin.sh`` runs ``bench.engine.throughput`` twice in the same tree with the
-same arguments, without and with ``--unverified-cuda-kernels``; this reads the two JSON
-files and prints, per measure, off, on and on / off (a rate: > 1 is faster; a time: < 1
-is faster), then writes them and both reports to ``--out``::
+(The module's name is from when the fast paths were opt-in; they are on by default on
+CUDA since 2026-12-01.) ``bench/h200_optin.sh`` runs ``bench.engine.throughput`` twice in
+the same tree with the same arguments, with ``--no-cuda-fast-paths`` then with
+``--cuda-fast-paths``; this reads the two JSON files and prints, per measure, off, on
+and on / off (a rate: > 1 is faster; a time: < 1 is faster), then writes them and both
+reports to ``--out``::
 
     python3 -m bench.engine.opt_in_compare OFF.json ON.json --out RESULT.json
 """
@@ -54,8 +56,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("off", type=Path, help="throughput JSON without the opt-in")
-    parser.add_argument("on", type=Path, help="throughput JSON with --unverified-cuda-kernels")
+    parser.add_argument("off", type=Path, help="throughput JSON with --no-cuda-fast-paths")
+    parser.add_argument("on", type=Path, help="throughput JSON with --cuda-fast-paths")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     off, on = (json.loads(path.read_text()) for path in (args.off, args.on))

@@ -9,7 +9,7 @@ diagnostic, not a benchmark of record: ``bench.engine.throughput`` is).
    the recomputed last block of a 4,096-token prompt) with one program per tile and with
    the key splits ``prefill_splits`` picks; and on a chunked-prefill shape (2,048 new
    after 6,144 cached) with the tile sizes of today and two others.
-3. The random Llama-3.1-8B-shaped engine, opted in (``--unverified-cuda-kernels``): cold
+3. The random Llama-3.1-8B-shaped engine, fast paths on (``--cuda-fast-paths``): cold
    and cached TTFT of a 4,096-token prompt, the cached one replayed from the short
    prefill graph and eagerly (the graph set aside), the host time spent launching the
    eager step's forward pass, and the eager cached step and an 8,192-token prefill once
@@ -118,7 +118,7 @@ def paged(cached: int, new: int, splits: int | None, block_m: int, block_n: int)
                 triton_attention.paged_prefill(
                     q, k_cache, v_cache, out, tables, tiles, DIM**-0.5, None
                 )
-        else:  # the opt-in split kernel and its merge
+        else:  # the fast paths' split kernel and its merge
 
             def launch() -> None:
                 triton_attention.paged_prefill_split(
@@ -196,7 +196,7 @@ def engine_part(tokenizer: str, out_dir: Path) -> dict[str, Any]:
             "--device", "cuda", "--random-model", "llama-8b", "--tokenizer", tokenizer,
             "--batches", "1", "--max-batched-tokens", "8192", "--gpu-memory-utilization", "0.55",
             "--ttft-prompt-len", "4096", "--prefill-lens", "8192", "--skip-hf",
-            "--max-num-seqs", "4", "--unverified-cuda-kernels",
+            "--max-num-seqs", "4", "--cuda-fast-paths",
         ]
     )  # fmt: skip
     engine, _ = bench.build_engine(config)

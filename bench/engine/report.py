@@ -33,7 +33,7 @@ class BenchConfig:
     vllm: bool = False  # also run out=vllm on the same prompts (engine_vllm.py)
     decode_bursts: tuple[int, ...] = (1,)  # the engine's decode_burst, one pass per value
     async_scheduling: str = "auto"  # the engine's: auto (on for CUDA), on, off
-    unverified_cuda_kernels: bool = False  # the engine's opt-in (built, not yet run on a GPU)
+    cuda_fast_paths: bool = True  # the engine's (CUDA only; off: the kernels of before)
 
 
 @dataclass(frozen=True)

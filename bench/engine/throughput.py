@@ -307,7 +307,7 @@ def build_engine(config: BenchConfig) -> tuple[LLMEngine, Any | None]:
         max_model_len=max(lengths) if config.random_model else None,
         decode_burst=max(config.decode_bursts),
         async_scheduling={"auto": None, "on": True, "off": False}[config.async_scheduling],
-        unverified_cuda_kernels=config.unverified_cuda_kernels,
+        cuda_fast_paths=config.cuda_fast_paths,
     )
     device = engine_config.torch_device()
     dtype = engine_config.torch_dtype(device)

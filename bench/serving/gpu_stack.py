@@ -95,7 +95,7 @@ def in_vocabulary_only(model: Any, tokenizer: Path) -> int:
 
 
 def run_argv(
-    folder: Path, port: int, cap: int | None, args: argparse.Namespace, opt_in: bool = False
+    folder: Path, port: int, cap: int | None, args: argparse.Namespace, fast_paths: bool = True
 ) -> list[str]:
     argv = [
         sys.executable, "-m", "dynask.control_plane.cli", "run", str(folder),
@@ -107,8 +107,7 @@ def run_argv(
     ]  # fmt: skip
     if cap is not None:
         argv += ["--max-prefill-tokens-with-decodes", str(cap)]
-    if opt_in:
-        argv.append("--unverified-cuda-kernels")
+    argv.append("--cuda-fast-paths" if fast_paths else "--no-cuda-fast-paths")
     return argv + shlex.split(args.run_args)
 
 
@@ -129,7 +128,7 @@ async def measure_level(
 
 
 def measure_cap(
-    folder: Path, cap: int | None, args: argparse.Namespace, opt_in: bool = False
+    folder: Path, cap: int | None, args: argparse.Namespace, fast_paths: bool = True
 ) -> list[dict[str, Any]]:
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
@@ -139,8 +138,8 @@ def measure_cap(
     total = sum(c + max(args.min_requests, args.rounds * c) for c in args.clients)
     prompts = build_prompts(tokenizer, total, args.prompt_tokens, f"stack-{cap}")
     rows = []
-    name = f"dynask-run-{cap}" + ("-opt-in" if opt_in else "")
-    with spawned(name, run_argv(folder, port, cap, args, opt_in), args.workdir) as server:
+    name = f"dynask-run-{cap}" + ("" if fast_paths else "-no-fast-paths")
+    with spawned(name, run_argv(folder, port, cap, args, fast_paths), args.workdir) as server:
         started = time.perf_counter()
         wait_until_ready(f"{base_url}/health", '"ready"', args.ready_timeout, [server])
         print(f"{name}: ready in {time.perf_counter() - started:.0f} s", flush=True)
@@ -153,7 +152,7 @@ def measure_cap(
             row = asyncio.run(
                 measure_level(base_url, model, level_prompts, clients, args, server.pid)
             )
-            rows.append({"cap": cap, "unverified_cuda_kernels": opt_in, **row})
+            rows.append({"cap": cap, "cuda_fast_paths": fast_paths, **row})
             print(format_row(rows[-1]), flush=True)
     return rows
 
@@ -163,7 +162,7 @@ def format_row(row: dict[str, Any]) -> str:
         value = row.get(key)
         return "-" if value is None else format(value, spec)
 
-    cap = f"{row['cap'] or 'none'}{'+on' if row.get('unverified_cuda_kernels') else ''}"
+    cap = f"{row['cap'] or 'none'}{'' if row.get('cuda_fast_paths', True) else '+off'}"
     return (
         f"{cap:>8}  {row['clients']:>7}  {row['requests_ok']:>4}/"
         f"{row['requests_ok'] + row['requests_failed']:<4}  {num('output_tok_per_s', '.0f'):>8}  "
@@ -196,13 +195,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--ready-timeout", type=float, default=400.0)
     parser.add_argument(
-        "--unverified-cuda-kernels", default="off", dest="opt_in",
-        help="off, on, or off,on: each a dynask run of its own (--unverified-cuda-kernels)",
+        "--cuda-fast-paths", default="on", dest="fast_paths",
+        help="on, off, or off,on: each a dynask run of its own (--[no-]cuda-fast-paths)",
     )  # fmt: skip
     parser.add_argument("--run-args", default="", help="more dynask run flags, for every run")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
-    args.opt_in = [{"off": False, "on": True}[v] for v in args.opt_in.split(",")]
+    args.fast_paths = [{"off": False, "on": True}[v] for v in args.fast_paths.split(",")]
     args.clients = [int(c) for c in args.clients.split(",")]
     return args
 
@@ -216,9 +215,9 @@ def main(argv: list[str] | None = None) -> None:
     print(HEADER, flush=True)
     rows = [
         row
-        for opt_in in args.opt_in
+        for fast_paths in args.fast_paths
         for cap in caps
-        for row in measure_cap(args.model_dir, cap, args, opt_in)
+        for row in measure_cap(args.model_dir, cap, args, fast_paths)
     ]
     print("\n" + HEADER + "\n" + "\n".join(format_row(r) for r in rows))
     import torch

@@ -42,12 +42,12 @@ class EngineFlags:
         "launch each decode step before applying the last (default: on for CUDA)",
         action=argparse.BooleanOptionalAction,
     )
-    unverified_cuda_kernels: bool | None = flag(
-        "--unverified-cuda-kernels",
+    cuda_fast_paths: bool | None = flag(
+        "--cuda-fast-paths",
         None,
-        "CUDA kernels built, not yet run on a GPU: skinny fused projections, prefill key "
-        "splits, cuDNN long chunks, the short-prefill graph (default: off)",
-        action="store_true",
+        "CUDA fast paths: skinny fused projections, prefill key splits, cuDNN long chunks, "
+        "the short-prefill graph (default: on for CUDA; off: the kernels of before)",
+        action=argparse.BooleanOptionalAction,
     )
     block_size: int | None = flag("--block-size", None, "tokens per KV block", type=int)
     gpu_memory_utilization: float | None = flag("--gpu-memory-utilization", None, type=float)

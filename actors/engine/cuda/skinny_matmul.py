@@ -21,9 +21,10 @@ bound by reading the weights, so:
   ops (the runner's warm-up before each capture decides it first).
 * Only bf16/fp16 weights on CUDA, rows <= ``MAX_ROWS``: float32 (the HF-equality tests)
   and the CPU keep the plain torch ops, bit for bit as before.
-* Opt-in: the model calls these functions only after ``CausalLM.use_skinny_projections``
-  (``EngineConfig.unverified_cuda_kernels``, ``--unverified-cuda-kernels``), since the
-  kernels are built but not yet run on a GPU; off, the model runs the ops of before.
+* On by default on CUDA since 2026-12-01 (verified on an H200): the model calls these
+  functions only after ``CausalLM.use_skinny_projections``, which the CUDA runner calls
+  under ``EngineConfig.cuda_fast_paths`` (``--no-cuda-fast-paths`` turns it off); off, and
+  on a CPU, the model runs the ops of before.
 """
 
 from __future__ import annotations

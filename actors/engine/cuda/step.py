@@ -57,9 +57,9 @@ class CudaLayout:
     group: int  # query heads per KV head
     num_sms: int
     scratch_slot: int  # first slot of the scratch block (padding writes go there)
-    # EngineConfig.unverified_cuda_kernels (built, not yet run on a GPU): prefill key
-    # splits, cuDNN for a long lone chunk; off, the step's inputs are those of before.
-    unverified_kernels: bool = False
+    # EngineConfig.cuda_fast_paths (the default): prefill key splits, cuDNN for a long
+    # lone chunk; off, the step's inputs are those of before.
+    fast_paths: bool = True
 
 
 @dataclass
@@ -88,7 +88,7 @@ def build_cuda_inputs(plan: StepPlan, layout: CudaLayout, device: torch.device) 
     chunks with a cached prefix go to the paged prefill kernel, fresh ones to SDPA."""
     packed = to_device(plan.rows.columns(), torch.long, device)
     meta = AttentionMetadata(slot_mapping=packed[2])
-    meta.unverified_cuda_kernels = layout.unverified_kernels
+    meta.cuda_fast_paths = layout.fast_paths
     decode_tables = plan.decode_tables
     if decode_tables:
         width = max(len(t) for t in decode_tables)
@@ -111,7 +111,7 @@ def build_cuda_inputs(plan: StepPlan, layout: CudaLayout, device: torch.device) 
         width = max(ceil_div(s.num_cached + s.num_new, layout.block_size) for s in cached)
         tables = to_device([block_row(s.block_ids, width) for s in cached], torch.int32, device)
         spans = [(s.first_row, s.num_new, s.num_cached) for s in cached]
-        if layout.unverified_kernels:
+        if layout.fast_paths:
             meta.paged_prefill = _split_paged_prefill(tables, spans, layout, device)
         else:
             meta.paged_prefill = PagedPrefill(tables, prefill_tiles(spans, layout.group, device))
@@ -124,7 +124,7 @@ def _split_paged_prefill(
     layout: CudaLayout,
     device: torch.device,
 ) -> PagedPrefill:
-    """The opt-in paged prefill: keys split when the tiles alone leave the GPU idle."""
+    """The fast paths' paged prefill: keys split when the tiles alone leave the GPU idle."""
     splits = prefill_splits(
         num_prefill_tiles(spans, layout.group),
         layout.num_kv_heads,

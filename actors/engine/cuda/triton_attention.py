@@ -14,7 +14,7 @@ Design decisions:
   programs (flash-decoding) when the batch alone cannot fill the GPU, then merges the
   partial softmaxes in a second small kernel. The split count is fixed per call, so a
   CUDA graph captured for a batch size keeps it.
-* Opt-in (``EngineConfig.unverified_cuda_kernels``; built, not yet run on a GPU): prefill
+* Fast path (``EngineConfig.cuda_fast_paths``, on by default since 2026-12-01): prefill
   tiles split their keys the same way when the tiles alone leave most of the GPU idle
   (``prefill_splits``): a prompt whose prefix is cached recomputes one block after
   thousands of cached keys, one tile per KV head (8 programs for Llama-3.1-8B, each
@@ -31,7 +31,7 @@ Design decisions:
 
 Triton is imported lazily (``load_kernels`` → ``triton_kernels``,
 ``load_split_prefill_kernels`` → ``triton_prefill_split``): the CPU install does not need
-it, and an engine that did not opt in never compiles the split kernels.
+it, and an engine with the fast paths off never compiles the split kernels.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def load_kernels() -> Any:
 
 
 def load_split_prefill_kernels() -> Any:
-    """The opt-in split prefill kernels, compiled on first use (ImportError without Triton)."""
+    """The split prefill kernels, compiled on first use (ImportError without Triton)."""
     return importlib.import_module("dynask.actors.engine.cuda.triton_prefill_split")
 
 
@@ -143,7 +143,7 @@ def prefill_tiles(
     """``[4, tiles]`` int32 (chunk, first query row, query count, first position).
 
     ``chunk_rows`` holds per prefill chunk (first row in q, token count, cached tokens).
-    ``pinned`` (opt-in with the split kernels, CUDA): the host tensor is pinned, since a
+    ``pinned`` (with the split kernels, CUDA): the host tensor is pinned, since a
     pageable copy waits for the work on the stream (a decode step in flight).
     """
     per_tile = max(1, PREFILL_BLOCK_M // group)
@@ -164,7 +164,7 @@ def num_prefill_tiles(chunk_rows: list[tuple[int, int, int]], group: int) -> int
 
 
 def prefill_splits(num_tiles: int, num_kv_heads: int, num_sms: int, max_keys: int) -> int:
-    """Key splits per prefill tile (opt-in): one unless the tiles leave most of the GPU idle.
+    """Key splits per prefill tile (fast paths): one unless the tiles leave most of the GPU idle.
 
     A short chunk after a long cached prefix (a prompt whose prefix is cached recomputes
     its last block: 16 tokens after 4,080 on a 4,096-token prompt) is one tile per KV head,
@@ -239,8 +239,8 @@ def paged_prefill_split(
     partials: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """``paged_prefill`` with each tile's keys shared out over ``num_splits`` (>= 2)
-    programs, their partial softmaxes merged by a second kernel (opt-in, not yet run on a
-    GPU); ``partials`` (``prefill_partials``) is their scratch, made here when not given."""
+    programs, their partial softmaxes merged by a second kernel (the fast paths);
+    ``partials`` (``prefill_partials``) is their scratch, made here when not given."""
     if num_splits < 2:
         raise ValueError(f"paged_prefill_split 'num_splits' has value {num_splits}; expected >= 2")
     kernels = load_split_prefill_kernels()
@@ -298,7 +298,7 @@ def compile_paged_prefill(k_cache: torch.Tensor, v_cache: torch.Tensor, num_head
 
 
 def compile_split_prefill(k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int) -> None:
-    """``compile_paged_prefill`` for the opt-in split kernel and its merge (two splits, the
+    """``compile_paged_prefill`` for the split kernel and its merge (two splits, the
     second with no key)."""
     device = k_cache.device
     q = torch.zeros((1, num_heads, k_cache.shape[3]), dtype=k_cache.dtype, device=device)

@@ -1,11 +1,11 @@
-"""Triton source of the paged prefill kernel with key splits (opt-in, built, not yet run
-on a GPU: ``EngineConfig.unverified_cuda_kernels``).
+"""Triton source of the paged prefill kernel with key splits (``EngineConfig.cuda_fast_paths``,
+on by default since 2026-12-01).
 
 ``split_prefill_kernel`` is ``triton_kernels.prefill_kernel`` with a third grid axis: the
 tile's keys are shared out over ``num_splits`` programs (a runtime argument, one compile
 for every count), each writing its partial softmax (acc, m, l) to float32 scratch, which
 ``prefill_merge_kernel`` combines into the output. It is a module of its own so that the
-kernel of before stays as it was for engines that did not opt in. See
+kernel of before stays as it was for engines with the fast paths off. See
 ``triton_attention`` for the design; mypy skips this file (Triton's DSL is untyped).
 """
 

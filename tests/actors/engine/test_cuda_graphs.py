@@ -22,11 +22,11 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 def _engine(
-    folder: Path, cuda_graphs: bool, dtype: str = "auto", unverified: bool = False
+    folder: Path, cuda_graphs: bool, dtype: str = "auto", fast_paths: bool = True
 ) -> LLMEngine:
     config = EngineConfig(
         model=str(folder), device="cuda", num_kv_blocks=256, max_num_seqs=16,
-        cuda_graphs=cuda_graphs, dtype=dtype, unverified_cuda_kernels=unverified,
+        cuda_graphs=cuda_graphs, dtype=dtype, cuda_fast_paths=fast_paths,
     )  # fmt: skip
     return LLMEngine(config)
 
@@ -103,7 +103,7 @@ def test_a_cached_prompt_replays_its_last_block_from_the_short_prefill_graph(
     # Block size 16: 2, 2 and 1 cached blocks; the last 8, 16 and 4 tokens are recomputed.
     prompts = prompts_of_lengths([40, 48, 20], seed=9)
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
-    graphs = _engine(tiny_llama_folder, cuda_graphs=True, dtype="float32", unverified=True)
+    graphs = _engine(tiny_llama_folder, cuda_graphs=True, dtype="float32")  # the default
     short = graphs.parts.runner.short_prefill
     assert short is not None
     replayed: list[int] = []
@@ -115,17 +115,18 @@ def test_a_cached_prompt_replays_its_last_block_from_the_short_prefill_graph(
 
     short.replay = counted  # type: ignore[method-assign]
     runs = []
-    for engine in (_engine(tiny_llama_folder, cuda_graphs=False, dtype="float32"), graphs):
+    before = _engine(tiny_llama_folder, cuda_graphs=False, dtype="float32", fast_paths=False)
+    for engine in (before, graphs):
         cold = [engine.generate([p], params)[0].token_ids for p in prompts]
         cached = [engine.generate([p], params)[0].token_ids for p in prompts]
         runs.append((cold, cached))
 
-    assert runs[0] == runs[1]  # the eager engine runs the kernels of before (not opted in)
+    assert runs[0] == runs[1]  # the eager engine runs the kernels of before (fast paths off)
     assert runs[1][0] == runs[1][1]
     assert replayed == [8, 16, 4]
 
 
-def test_no_short_prefill_graph_unless_opted_in(tiny_llama_folder: Path) -> None:
-    engine = _engine(tiny_llama_folder, cuda_graphs=True)
+def test_no_short_prefill_graph_with_the_fast_paths_off(tiny_llama_folder: Path) -> None:
+    engine = _engine(tiny_llama_folder, cuda_graphs=True, fast_paths=False)
     assert engine.parts.runner.short_prefill is None
     assert not any(layer.skinny_projections for layer in engine.parts.runner.model.layers)

@@ -150,7 +150,7 @@ def test_tiny_llama_with_every_projection_in_triton_matches_hf(
     # them row-major here, as on CUDA, so that the kernels take them.
     monkeypatch.setattr(loader, "_column_major_projections", lambda model: None)
     engine = make_engine(tiny_llama_folder)
-    # The opt-in (EngineConfig.unverified_cuda_kernels sets it on CUDA only).
+    # What EngineConfig.cuda_fast_paths does on CUDA (a CPU runner never calls it).
     engine.parts.runner.model.use_skinny_projections()
     prompts = prompts_of_lengths([3, 20, 41], seed=3)
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)

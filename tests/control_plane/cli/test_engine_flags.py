@@ -17,15 +17,24 @@ def _engine_args(argv: list[str]) -> dict[str, object]:
     return engine_args(parser.parse_args(argv))
 
 
-def test_unverified_cuda_kernels_is_off_unless_the_flag_is_given() -> None:
+def test_cuda_fast_paths_are_the_configs_default_unless_a_flag_is_given() -> None:
     assert _engine_args([]) == {}
-    assert EngineConfig().unverified_cuda_kernels is False
-    args = _engine_args(["--unverified-cuda-kernels"])
-    assert args == {"unverified_cuda_kernels": True}
-    assert EngineConfig(**args).unverified_cuda_kernels is True  # type: ignore[arg-type]
+    assert EngineConfig().cuda_fast_paths is True
+
+
+def test_no_cuda_fast_paths_turns_them_off() -> None:
+    args = _engine_args(["--no-cuda-fast-paths"])
+    assert args == {"cuda_fast_paths": False}
+    assert EngineConfig(**args).cuda_fast_paths is False  # type: ignore[arg-type]
     assert EngineSpec("torch", engine_args=args).engine_args == args
 
 
-def test_unverified_cuda_kernels_takes_no_value() -> None:
+def test_cuda_fast_paths_flag_turns_them_on() -> None:
+    args = _engine_args(["--cuda-fast-paths"])
+    assert args == {"cuda_fast_paths": True}
+    assert EngineConfig(**args).cuda_fast_paths is True  # type: ignore[arg-type]
+
+
+def test_cuda_fast_paths_takes_no_value() -> None:
     with pytest.raises(SystemExit):
-        _engine_args(["--unverified-cuda-kernels", "yes"])
+        _engine_args(["--cuda-fast-paths", "yes"])

@@ -1,7 +1,8 @@
-"""``EngineConfig.unverified_cuda_kernels``: off, the model, the step's inputs and the
-attention call exactly the ops and kernels of before; on, the skinny projections, the
-split prefill kernel and the cuDNN/no-copy lone chunk. All on a CPU: the calls are
-recorded (the launches themselves are faked), not timed.
+"""``EngineConfig.cuda_fast_paths`` (on by default): off, the model, the step's inputs and
+the attention call exactly the ops and kernels of before; on, the skinny projections, the
+split prefill kernel and the cuDNN/no-copy lone chunk. A CPU engine runs the ops of before
+whatever the flag. All on a CPU: the calls are recorded (the launches themselves are
+faked), not timed.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ LAYER_OF_BEFORE = [
     "add_rms_norm", "qkv_proj", "paged_attention", "o_proj",
     "add_rms_norm", "gate_up_proj", "silu_and_mul", "down_proj",
 ]  # fmt: skip
-# Opted in: the same torch ops (the CPU), reached through skinny_matmul.
+# Skinny projections on: the same torch ops (the CPU), reached through skinny_matmul.
 SKINNY_LAYER = [
     "norm_linear", "add_rms_norm", "qkv_proj", "paged_attention", "linear", "o_proj",
     "norm_linear", "add_rms_norm", "gate_up_proj", "gated_linear", "silu_and_mul", "down_proj",
@@ -44,7 +45,10 @@ def _recorded(calls: list[str], name: str, function: Callable[..., Any]) -> Call
     return record
 
 
-def _trace_one_prefill(engine: LLMEngine, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+def _trace_one_prefill(
+    engine: LLMEngine, monkeypatch: pytest.MonkeyPatch, metas: list[AttentionMetadata] | None = None
+) -> list[str]:
+    """The ops of one prefill step, in order; ``metas`` collects the attention metadata."""
     calls: list[str] = []
     for module, names in (
         (fused_ops, ["add_rms_norm", "silu_and_mul"]),
@@ -52,9 +56,14 @@ def _trace_one_prefill(engine: LLMEngine, monkeypatch: pytest.MonkeyPatch) -> li
     ):
         for name in names:
             monkeypatch.setattr(module, name, _recorded(calls, name, getattr(module, name)))
-    monkeypatch.setattr(
-        model_module, "paged_attention", _recorded(calls, "paged_attention", paged_attention)
-    )
+
+    def attend(*args: Any, **kwargs: Any) -> torch.Tensor:
+        if metas is not None:
+            metas.append(args[5])
+        return paged_attention(*args, **kwargs)
+
+    recorded = _recorded(calls, "paged_attention", attend)
+    monkeypatch.setattr(model_module, "paged_attention", recorded)
     model = engine.parts.runner.model
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear):
@@ -64,20 +73,30 @@ def _trace_one_prefill(engine: LLMEngine, monkeypatch: pytest.MonkeyPatch) -> li
     return calls
 
 
-def test_a_model_not_opted_in_runs_the_ops_of_before(
-    tiny_llama_folder: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("fast_paths", [None, True, False])
+def test_a_cpu_engine_runs_the_ops_of_before_whatever_the_flag(
+    tiny_llama_folder: Path, monkeypatch: pytest.MonkeyPatch, fast_paths: bool | None
 ) -> None:
-    config = EngineConfig(model=str(tiny_llama_folder), device="cpu", num_kv_blocks=16)
+    # None: the config's default (on), which a CPU device must not take.
+    flag = {} if fast_paths is None else {"cuda_fast_paths": fast_paths}
+    config = EngineConfig(model=str(tiny_llama_folder), device="cpu", num_kv_blocks=16, **flag)
+    assert config.cuda_fast_paths is (fast_paths is not False)
     engine = LLMEngine(config)
-    layers = engine.parts.runner.model.layers
+    runner = engine.parts.runner
+    assert runner.cuda_layout is None and runner.short_prefill is None
+    layers = runner.model.layers
     assert not any(layer.skinny_projections for layer in layers)
+    metas: list[AttentionMetadata] = []
 
-    calls = _trace_one_prefill(engine, monkeypatch)
+    calls = _trace_one_prefill(engine, monkeypatch, metas)
 
     assert calls == LAYER_OF_BEFORE * len(layers) + ["add_rms_norm", "lm_head"]
+    assert len(metas) == len(layers)
+    assert not any(meta.cuda_fast_paths for meta in metas)
+    assert all(meta.paged_prefill is None and meta.paged_decode is None for meta in metas)
 
 
-def test_an_opted_in_model_goes_through_skinny_matmul_with_the_same_tokens(
+def test_a_model_with_skinny_projections_goes_through_skinny_matmul_with_the_same_tokens(
     tiny_llama_folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = EngineConfig(model=str(tiny_llama_folder), device="cpu", num_kv_blocks=16)
@@ -100,21 +119,21 @@ def _cached_prompt_plan() -> StepPlan:
     return StepPlan(rows=rows, ends=[7], prefills=[PrefillSpan(0, 8, 592, list(range(38)))])
 
 
-@pytest.mark.parametrize(("opted_in", "splits"), [(False, 1), (True, 4)])
-def test_step_inputs_split_the_prefill_keys_only_when_opted_in(
-    monkeypatch: pytest.MonkeyPatch, opted_in: bool, splits: int
+@pytest.mark.parametrize(("fast_paths", "splits"), [(False, 1), (True, 4)])
+def test_step_inputs_split_the_prefill_keys_only_with_the_fast_paths(
+    monkeypatch: pytest.MonkeyPatch, fast_paths: bool, splits: int
 ) -> None:
     # A CPU-only torch cannot pin memory: the step's copies go unpinned here.
     monkeypatch.setattr(
         step, "to_device", lambda rows, dtype, device: torch.tensor(rows, dtype=dtype)
     )
-    layout = CudaLayout(16, num_kv_heads=8, group=4, num_sms=132, scratch_slot=0)
-    if opted_in:
-        layout = CudaLayout(16, 8, 4, 132, 0, unverified_kernels=True)
+    layout = CudaLayout(
+        16, num_kv_heads=8, group=4, num_sms=132, scratch_slot=0, fast_paths=fast_paths
+    )
 
     meta = build_cuda_inputs(_cached_prompt_plan(), layout, torch.device("cpu")).meta
 
-    assert meta.unverified_cuda_kernels is opted_in
+    assert meta.cuda_fast_paths is fast_paths
     assert meta.paged_prefill is not None
     assert meta.paged_prefill.num_splits == splits
     assert meta.paged_prefill.tiles.tolist() == [[0], [0], [8], [592]]
@@ -155,36 +174,36 @@ def test_one_split_launches_the_prefill_kernel_of_before(
     assert launched == [launch]
 
 
-@pytest.mark.parametrize("opted_in", [False, True])
-def test_cudnn_is_asked_for_only_when_opted_in(
-    monkeypatch: pytest.MonkeyPatch, opted_in: bool
+@pytest.mark.parametrize("fast_paths", [False, True])
+def test_cudnn_is_asked_for_only_with_the_fast_paths(
+    monkeypatch: pytest.MonkeyPatch, fast_paths: bool
 ) -> None:
     asked: list[list[Any]] = []
     monkeypatch.setattr(attention, "_cudnn_ok", lambda: True)
     monkeypatch.setattr(attention, "sdpa_kernel", lambda backends: asked.append(backends))
 
-    attention._fresh_chunk_backends(torch.device("cuda"), 4096, torch.bfloat16, opted_in)
+    attention._fresh_chunk_backends(torch.device("cuda"), 4096, torch.bfloat16, fast_paths)
 
     first = (
-        attention.SDPBackend.CUDNN_ATTENTION if opted_in else attention.SDPBackend.FLASH_ATTENTION
+        attention.SDPBackend.CUDNN_ATTENTION if fast_paths else attention.SDPBackend.FLASH_ATTENTION
     )
     assert asked[0][0] == first
     assert asked[0][-3:] == attention._GPU_SDPA_BACKENDS
 
 
 @pytest.mark.parametrize(
-    ("opted_in", "started"),
+    ("fast_paths", "started"),
     [
         (False, ["compile_paged_prefill", "DecodeGraphs"]),
         (True, ["compile_paged_prefill", "compile_split_prefill", "DecodeGraphs", "ShortPrefill"]),
     ],
 )
-def test_start_up_compiles_and_captures_the_new_code_only_when_opted_in(
-    tiny_llama_folder: Path, monkeypatch: pytest.MonkeyPatch, opted_in: bool, started: list[str]
+def test_start_up_compiles_and_captures_the_new_code_only_with_the_fast_paths(
+    tiny_llama_folder: Path, monkeypatch: pytest.MonkeyPatch, fast_paths: bool, started: list[str]
 ) -> None:
     config = EngineConfig(model=str(tiny_llama_folder), device="cpu", num_kv_blocks=16)
     runner: Any = LLMEngine(config).parts.runner
-    runner.cuda_layout = CudaLayout(16, 2, 2, 132, 256, unverified_kernels=opted_in)
+    runner.cuda_layout = CudaLayout(16, 2, 2, 132, 256, fast_paths=fast_paths)
     calls: list[str] = []
     for name in ("compile_paged_prefill", "compile_split_prefill", "DecodeGraphs"):
         monkeypatch.setattr(model_runner, name, _recorded(calls, name, lambda *args: None))
@@ -196,4 +215,4 @@ def test_start_up_compiles_and_captures_the_new_code_only_when_opted_in(
     runner.capture_decode_graphs(4, 64)
 
     assert calls == started
-    assert (runner.short_prefill is not None) is opted_in
+    assert (runner.short_prefill is not None) is fast_paths

@@ -98,23 +98,22 @@ def main(argv: list[str] | None = None) -> None:
     )  # fmt: skip
     rows = []
     # One setting per process: a second engine here would be charged for the first's memory.
-    for async_on in (args.async_scheduling == "on",):
-        engine, _ = build_engine(replace(config, async_scheduling=args.async_scheduling))
-        warm_up(engine, None, 512)
-        hand_off = HandOff()
-        engine.add_output_listener(hand_off)
-        engine.start()
-        for interval in (0.005, 0.0005):
-            sys.setswitchinterval(interval)
-            for clients in (int(c) for c in args.clients.split(",")):
-                row = asyncio.run(probe(engine, hand_off, clients, args.new_tokens, 11 + clients))
-                row = {"async": async_on, "switch_ms": interval * 1e3, "clients": clients, **row}
-                rows.append(row)
-                print(json.dumps({k: round(v, 3) if isinstance(v, float) else v
-                                  for k, v in row.items()}), flush=True)  # fmt: skip
-        sys.setswitchinterval(0.005)
-        engine.shutdown()
-        del engine
+    async_on = args.async_scheduling == "on"
+    engine, _ = build_engine(replace(config, async_scheduling=args.async_scheduling))
+    warm_up(engine, None, 512)
+    hand_off = HandOff()
+    engine.add_output_listener(hand_off)
+    engine.start()
+    for interval in (0.005, 0.0005):
+        sys.setswitchinterval(interval)
+        for clients in (int(c) for c in args.clients.split(",")):
+            row = asyncio.run(probe(engine, hand_off, clients, args.new_tokens, 11 + clients))
+            row = {"async": async_on, "switch_ms": interval * 1e3, "clients": clients, **row}
+            rows.append(row)
+            print(json.dumps({k: round(v, 3) if isinstance(v, float) else v
+                              for k, v in row.items()}), flush=True)  # fmt: skip
+    sys.setswitchinterval(0.005)
+    engine.shutdown()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"rows": rows}, indent=1))
     print(f"wrote {args.out}")

@@ -18,6 +18,18 @@ MAX_BLOCK = 8192  # words per iteration: a whole 32 KiB row of int32, 32 per thr
 
 
 @triton.jit
+def _copy_row(src, dst, s, d, ROW: tl.constexpr, BLOCK: tl.constexpr):
+    """One row of ``ROW`` words from ``src + s`` to ``dst + d``, ``BLOCK`` words a step."""
+    for start in tl.static_range(0, ROW, BLOCK):
+        words = start + tl.arange(0, BLOCK)
+        if ROW % BLOCK == 0:
+            tl.store(dst + d + words, tl.load(src + s + words))
+        else:
+            inside = words < ROW
+            tl.store(dst + d + words, tl.load(src + s + words, mask=inside), mask=inside)
+
+
+@triton.jit
 def _copy_rows(
     src,
     dst,
@@ -30,13 +42,7 @@ def _copy_rows(
     row = tl.program_id(0)
     s = tl.multiple_of(tl.load(src_offsets + row), ALIGN)
     d = tl.multiple_of(tl.load(dst_offsets + row), ALIGN)
-    for start in tl.static_range(0, ROW, BLOCK):
-        words = start + tl.arange(0, BLOCK)
-        if ROW % BLOCK == 0:
-            tl.store(dst + d + words, tl.load(src + s + words))
-        else:
-            inside = words < ROW
-            tl.store(dst + d + words, tl.load(src + s + words, mask=inside), mask=inside)
+    _copy_row(src, dst, s, d, ROW, BLOCK)
 
 
 # num_blocks changes per transfer: not specialized on (== 1, % 16), so no transfer after
@@ -59,13 +65,7 @@ def _copy_block_ids(
     d = tl.load(dst_starts + tensor) + tl.load(ids + num_blocks + block) * ROW
     s = tl.multiple_of(s, ALIGN)
     d = tl.multiple_of(d, ALIGN)
-    for start in tl.static_range(0, ROW, BLOCK):
-        words = start + tl.arange(0, BLOCK)
-        if ROW % BLOCK == 0:
-            tl.store(dst + d + words, tl.load(src + s + words))
-        else:
-            inside = words < ROW
-            tl.store(dst + d + words, tl.load(src + s + words, mask=inside), mask=inside)
+    _copy_row(src, dst, s, d, ROW, BLOCK)
 
 
 def _num_warps(block):

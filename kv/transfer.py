@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NewType, Protocol, runtime_checkable
 
 import msgpack
@@ -110,6 +110,17 @@ class KVTransport(Protocol):
         """Stops listening and closes connections; pending expectations fail."""
 
 
+@dataclass(frozen=True, eq=False)
+class BlockClaim:
+    """A receiver's reserved blocks, claimed by one sender for one transfer
+    (``BlockTransport.claim``): kept for it until it writes them or gives them back."""
+
+    address: str
+    transfer_id: TransferId
+    block_ids: list[int]  # the receiver's blocks, in the order the sender's are written
+    connection: object = field(repr=False)  # the transport's own handle on the receiver
+
+
 @runtime_checkable
 class BlockTransport(Protocol):
     """Writes blocks of a sender's paged cache straight into a receiver's (one host)."""
@@ -132,6 +143,21 @@ class BlockTransport(Protocol):
     async def writes_done(self, transfer_id: TransferId) -> None:
         """Returns once no sender writes into the transfer's blocks; release them after."""
 
+    async def claim(
+        self, address: str, transfer_id: TransferId, num_blocks: int
+    ) -> BlockClaim | None:
+        """Claims the receiver's blocks for the transfer (early, e.g. while the prefill
+        runs); None: it no longer expects them. Raises ``TransferError``."""
+
+    async def write_claimed(
+        self, claim: BlockClaim, caches: Sequence[torch.Tensor], block_ids: list[int]
+    ) -> None:
+        """Copies ``block_ids`` of ``caches`` into the claimed blocks. Raises
+        ``TransferError``."""
+
+    async def release_claim(self, claim: BlockClaim, reason: str) -> None:
+        """Gives claimed blocks back unwritten; the receiver fails the transfer."""
+
     async def send_blocks(
         self,
         address: str,
@@ -139,8 +165,8 @@ class BlockTransport(Protocol):
         caches: Sequence[torch.Tensor],
         block_ids: list[int],
     ) -> bool:
-        """Copies ``block_ids`` of ``caches`` into the receiver's blocks; False: it no
-        longer expects them. Raises ``TransferError``."""
+        """``claim`` then ``write_claimed``; False: the receiver no longer expects the
+        blocks. Raises ``TransferError``."""
 
     async def close(self) -> None:
         """Stops listening; pending expectations fail."""

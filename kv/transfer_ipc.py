@@ -20,12 +20,18 @@ Design decisions:
   no longer expects the transfer, so a late sender never writes into blocks that were
   given back); ``done`` after the copy finished, and ``abort``: these two get no answer
   (the connection is ordered, so a transfer costs one round trip).
+- That round trip need not wait for the KV: ``claim`` sends ``begin`` (and opens the
+  receiver's cache the first time) while the prefill still runs, ``write_claimed``
+  copies and sends ``done`` once it has finished, ``release_claim`` aborts when it
+  failed. A claimed transfer is one being written for the receiver: ``forget`` keeps
+  its blocks until the sender's ``done`` or ``abort`` (or a broken connection), so the
+  receiver must not wait for that before it falls back (it releases the blocks then).
 - A process cannot open its own CUDA IPC handles (CUDA answers "invalid device
   context"), so the handles name the process that shared them and a sender refuses its
   own with a ``TransferError`` that says so. (A prefill actor that served a request by
   itself and sent its KV to itself failed exactly so on the H200; the orchestrator no
   longer plans that.)
-- A transfer being written cannot be forgotten at once: ``forget`` during a write
+- A transfer being written (claimed) cannot be forgotten at once: ``forget`` then
   cancels the future but keeps the blocks' claim until ``done``, ``abort`` or the
   connection breaks; ``writes_done`` waits for that, and the caller releases the
   blocks only then. A connection that breaks mid-write fails the transfer.
@@ -52,8 +58,8 @@ import torch
 import torch.multiprocessing
 from torch.multiprocessing.reductions import reduce_tensor
 
-from dynask.kv.gpu.block_copy import BlockLayout, copy_blocks, launch_blocks
-from dynask.kv.transfer import TransferError, TransferId
+from dynask.kv.gpu.block_copy import BlockCopy, BlockLayout, copy_blocks, launch_blocks
+from dynask.kv.transfer import BlockClaim, TransferError, TransferId
 
 _LENGTH = struct.Struct(">I")
 log = logging.getLogger(__name__)
@@ -74,7 +80,8 @@ class _Incoming:
 class _Peer:
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
-    lock: asyncio.Lock
+    lock: asyncio.Lock  # one message exchange at a time (answers come in order)
+    copying: asyncio.Lock = field(default_factory=asyncio.Lock)  # opens its cache once
     handles: list[Any] | None = None  # the receiver's answer to "handles"
     caches: list[torch.Tensor] | None = None  # its tensors, opened in the copying thread
     layout: BlockLayout | None = None  # where our caches and its lie, found at the first copy
@@ -126,6 +133,67 @@ class IPCTransport:
         if incoming is not None and incoming.writing:
             await incoming.settled.wait()
 
+    async def claim(
+        self, address: str, transfer_id: TransferId, num_blocks: int
+    ) -> BlockClaim | None:
+        """Claims the receiver's blocks reserved for ``transfer_id`` (the ``begin`` round
+        trip) and opens its cache the first time; None when the receiver no longer
+        expects the transfer. Until ``write_claimed`` or ``release_claim`` the receiver
+        keeps those blocks for this sender, so a claim made while the prefill runs takes
+        the round trip off the critical path. Raises ``TransferError``."""
+        peer = await self._peer(address)
+        try:
+            async with peer.lock:
+                if peer.handles is None:
+                    handles = await _ask(peer, ["handles"])
+                    check_openable(handles)
+                    peer.handles = handles
+                reply = await _ask(peer, ["begin", transfer_id, num_blocks])
+        except (OSError, EOFError, asyncio.IncompleteReadError) as exc:
+            self._drop_peer(address)
+            raise TransferError(f"transfer {transfer_id} to {address}: {exc}") from exc
+        if reply[0] != "ok":
+            return None
+        return BlockClaim(address, transfer_id, list(reply[1]), connection=peer)
+
+    async def write_claimed(
+        self, claim: BlockClaim, caches: Sequence[torch.Tensor], block_ids: list[int]
+    ) -> None:
+        """Copies ``block_ids`` of ``caches`` into the claimed blocks and tells the
+        receiver they are written. Raises ``TransferError`` (the receiver has then
+        failed the transfer too)."""
+        peer, transfer_id = self._peers.get(claim.address), claim.transfer_id
+        if peer is None or peer is not claim.connection:
+            raise TransferError(f"transfer {transfer_id}: the connection broke after the claim")
+        try:
+            if len(block_ids) != len(claim.block_ids):
+                reason = f"{len(block_ids)} blocks to send; {len(claim.block_ids)} claimed"
+                await _tell(peer, ["abort", transfer_id, reason])
+                raise TransferError(f"transfer {transfer_id}: {reason}")
+            try:
+                async with peer.copying:
+                    await _copy(peer, caches, block_ids, claim.block_ids)
+            except (RuntimeError, ValueError) as exc:
+                log.warning("transfer %s: the copy failed", transfer_id, exc_info=True)
+                await _tell(peer, ["abort", transfer_id, str(exc)])
+                raise TransferError(f"transfer {transfer_id}: the copy failed: {exc}") from exc
+            await _tell(peer, ["done", transfer_id])
+        except (OSError, EOFError, asyncio.IncompleteReadError) as exc:
+            self._drop_peer(claim.address)
+            raise TransferError(f"transfer {transfer_id} to {claim.address}: {exc}") from exc
+
+    async def release_claim(self, claim: BlockClaim, reason: str) -> None:
+        """Gives the claimed blocks back unwritten (the prefill failed); the receiver
+        fails the transfer with ``reason``. A broken connection has done so already."""
+        peer = self._peers.get(claim.address)
+        if peer is None or peer is not claim.connection:
+            return
+        try:
+            await _tell(peer, ["abort", claim.transfer_id, reason])
+        except (OSError, EOFError) as exc:
+            log.info("transfer %s: the abort was not delivered: %s", claim.transfer_id, exc)
+            self._drop_peer(claim.address)
+
     async def send_blocks(
         self,
         address: str,
@@ -135,27 +203,11 @@ class IPCTransport:
     ) -> bool:
         """Copies ``block_ids`` of ``caches`` into the receiver's reserved blocks; False
         when the receiver no longer expects the transfer. Raises ``TransferError``."""
-        peer = await self._peer(address)
-        async with peer.lock:
-            try:
-                if peer.handles is None:
-                    handles = await _ask(peer, ["handles"])
-                    check_openable(handles)
-                    peer.handles = handles
-                reply = await _ask(peer, ["begin", transfer_id, len(block_ids)])
-                if reply[0] != "ok":
-                    return False
-                try:
-                    await _copy(peer, caches, block_ids, reply[1])
-                except (RuntimeError, ValueError) as exc:
-                    log.warning("transfer %s: the copy failed", transfer_id, exc_info=True)
-                    await _write(peer.writer, ["abort", transfer_id, str(exc)])
-                    raise TransferError(f"transfer {transfer_id}: the copy failed: {exc}") from exc
-                await _write(peer.writer, ["done", transfer_id])
-                return True
-            except (OSError, EOFError, asyncio.IncompleteReadError) as exc:
-                self._drop_peer(address)
-                raise TransferError(f"transfer {transfer_id} to {address}: {exc}") from exc
+        claim = await self.claim(address, transfer_id, len(block_ids))
+        if claim is None:
+            return False
+        await self.write_claimed(claim, caches, block_ids)
+        return True
 
     async def close(self) -> None:
         if self._server is not None:
@@ -260,6 +312,12 @@ async def _copy(
         await asyncio.to_thread(_open_and_copy, peer, caches, src_ids, dst_ids)
         return
     started = launch_blocks(caches, src_ids, peer.caches, dst_ids, layout)
+    await wait_for_copy(started)
+
+
+async def wait_for_copy(started: BlockCopy) -> None:
+    """Returns once ``started`` is done, without blocking the event loop: the wait for
+    its event runs in a thread while the GPU copies."""
     await asyncio.to_thread(started.wait)
 
 
@@ -335,6 +393,12 @@ def _local_index(uuid: str) -> int:
 async def _ask(peer: _Peer, message: list[Any]) -> list[Any]:
     await _write(peer.writer, message)
     return await _read(peer.reader)
+
+
+async def _tell(peer: _Peer, message: list[Any]) -> None:
+    """A message the receiver does not answer (``done``, ``abort``)."""
+    async with peer.lock:
+        await _write(peer.writer, message)
 
 
 async def _write(writer: asyncio.StreamWriter, message: list[Any]) -> None:

@@ -20,8 +20,11 @@ Design decisions:
 - A block transport (``cuda_ipc``: GPU engines of one host) writes the prefill engine's
   blocks straight into the decode engine's reserved ones, device to device: the decode
   actor shares its paged cache once and expects block ids instead of a staging tensor;
-  the prefill actor copies while its blocks are pinned. Before a failed or abandoned
-  import releases its blocks, it waits until no sender writes into them any more.
+  the prefill actor copies while its blocks are pinned. It claims the destination
+  blocks while its prefill runs (the transport's ``begin`` round trip, off the request's
+  path) and gives them back if the prefill fails. A failed or abandoned import queues its
+  request for a local prefill at once, but releases its blocks only once no sender writes
+  into them any more (a claimed transfer's sender may still be prefilling).
 """
 
 from __future__ import annotations
@@ -47,7 +50,13 @@ from dynask.actors.engine.kv_handoff import (
     reserve_import,
 )
 from dynask.kv.hashing import hash_seed
-from dynask.kv.transfer import BlockTransport, KVTransport, TransferError, TransferId
+from dynask.kv.transfer import (
+    BlockClaim,
+    BlockTransport,
+    KVTransport,
+    TransferError,
+    TransferId,
+)
 
 log = logging.getLogger(__name__)
 
@@ -168,12 +177,12 @@ class KVTransferService:
                 reason = await self._import(pending)
             if reason is not None:
                 self.counters[f"fallback_{reason}"] += 1
+                if not pending.aborted:  # prefilled here at once, into blocks of its own
+                    log.info("request %s: remote prefill failed (%s)", pending.request_id, reason)
+                    engine.add_request(pending.prompt, pending.params, pending.request_id)
                 if isinstance(self.transport, BlockTransport):  # no late write may land
                     await self.transport.writes_done(TransferId(pending.request_id))
                 await self._release(reservation)
-                if not pending.aborted:
-                    log.info("request %s: remote prefill failed (%s)", pending.request_id, reason)
-                    engine.add_request(pending.prompt, pending.params, pending.request_id)
                 return
             if not pending.aborted:
                 engine.add_request(pending.prompt, pending.params, pending.request_id)
@@ -239,17 +248,18 @@ class KVTransferService:
         seed = hash_seed(params.extra_keys)
         prefill = SamplingParams(max_tokens=1, ignore_eos=True, extra_keys=params.extra_keys)
         request_id = f"{ticket.transfer_id}/prefill"
+        claiming = self._claim_early(ticket)
         stream = engine.add_request(tokens, prefill, request_id)
         try:
-            await asyncio.to_thread(stream.wait, timeout_s)
-        except queue.Empty:
-            engine.abort(request_id)
-            self.counters["prefill_timeouts"] += 1
-            raise TransferError(
-                f"transfer {ticket.transfer_id}: the prefill took longer than {timeout_s:g} s"
-            ) from None
-        if stream.finish_reason == "abort":
-            raise TransferError(f"transfer {ticket.transfer_id}: the prefill was aborted")
+            await self._prefilled(stream, request_id, ticket, timeout_s)
+            claim = None if claiming is None else await claiming
+        except BaseException as exc:
+            if claiming is not None:
+                await self._give_back(claiming, f"the prefill failed: {exc}")
+            raise
+        if claiming is not None and claim is None:
+            self.counters["transfers_unwanted"] += 1  # the decode actor gave up
+            return 0
         blocks = await asyncio.to_thread(
             engine.with_kv_blocks, lambda kv: pin_prefix(kv, tokens, seed)
         )
@@ -260,22 +270,62 @@ class KVTransferService:
                     "blocks left the prefill actor's cache before export"
                 )
             ids = [int(b.block_id) for b in blocks[ticket.first_block : ticket.num_blocks]]
-            if isinstance(self.transport, BlockTransport):  # copied while pinned
+            if claim is not None:  # copied while pinned
+                assert isinstance(self.transport, BlockTransport)
                 caches = paged_caches(engine, self.transport.name)
-                if not await self.transport.send_blocks(
-                    ticket.address, ticket.transfer_id, caches, ids
-                ):
-                    self.counters["transfers_unwanted"] += 1  # the decode actor gave up
-                    return 0
+                await self.transport.write_claimed(claim, caches, ids)
             else:
                 kv = await asyncio.to_thread(engine.export_kv, ids)
+        except BaseException as exc:
+            if claim is not None:  # an abort after a failed write is answered by nothing
+                await self._give_back_claim(claim, str(exc))
+            raise
         finally:
             await asyncio.to_thread(engine.with_kv_blocks, lambda kv: release(kv, blocks))
-        if not isinstance(self.transport, BlockTransport):
+        if claim is None:
+            assert not isinstance(self.transport, BlockTransport)
             await self.transport.send(ticket.address, ticket.transfer_id, kv)
         self.counters["transfers_sent"] += 1
         self.counters["blocks_sent"] += len(ids)
         return len(ids)
+
+    def _claim_early(self, ticket: RemotePrefillTicket) -> asyncio.Task[BlockClaim | None] | None:
+        """A block transport claims the decode actor's blocks while the prefill runs, so
+        the round trip is not on the request's path (``kv.transfer_ipc``)."""
+        if not isinstance(self.transport, BlockTransport):
+            return None
+        return asyncio.create_task(
+            self.transport.claim(ticket.address, ticket.transfer_id, ticket.blocks_to_send)
+        )
+
+    async def _prefilled(
+        self, stream: Any, request_id: str, ticket: RemotePrefillTicket, timeout_s: float
+    ) -> None:
+        """Waits for the prefill request; ``TransferError`` when it timed out (aborted
+        then) or was aborted."""
+        try:
+            await asyncio.to_thread(stream.wait, timeout_s)
+        except queue.Empty:
+            self.engine.abort(request_id)
+            self.counters["prefill_timeouts"] += 1
+            raise TransferError(
+                f"transfer {ticket.transfer_id}: the prefill took longer than {timeout_s:g} s"
+            ) from None
+        if stream.finish_reason == "abort":
+            raise TransferError(f"transfer {ticket.transfer_id}: the prefill was aborted")
+
+    async def _give_back(self, claiming: asyncio.Task[BlockClaim | None], reason: str) -> None:
+        """Releases an early claim, whether or not it has been answered yet."""
+        try:
+            claim = await claiming
+        except (TransferError, asyncio.CancelledError):
+            return  # no claim was made (the receiver fails the transfer by itself)
+        if claim is not None:
+            await self._give_back_claim(claim, reason)
+
+    async def _give_back_claim(self, claim: BlockClaim, reason: str) -> None:
+        assert isinstance(self.transport, BlockTransport)
+        await self.transport.release_claim(claim, reason)
 
     async def close(self) -> None:
         for pending in list(self._pending.values()):

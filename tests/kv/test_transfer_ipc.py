@@ -151,3 +151,75 @@ def test_cuda_handles_shared_by_this_very_process_are_refused_by_name() -> None:
         check_openable([pickle.dumps((process_id(), cuda))])
     check_openable([pickle.dumps(("4242-another-process", cuda))])
     check_openable([pickle.dumps((process_id(), [("cpu", b"shared memory")]))])
+
+
+def test_a_claim_made_before_the_kv_exists_is_written_later_into_the_same_blocks() -> None:
+    async def main() -> tuple[list[int], bool, list[torch.Tensor]]:
+        receiver = IPCTransport()
+        mine = caches(20, seed=None)
+        receiver.share(mine)
+        address = await receiver.listen("127.0.0.1")
+        arrived = receiver.expect_blocks(TransferId("early"), [6, 2, 17])
+        sender = IPCTransport()
+        claim = await sender.claim(address, TransferId("early"), 3)
+        assert claim is not None
+        waiting_before_write = not arrived.done()
+        await sender.write_claimed(claim, caches(16, seed=3), [0, 5, 9])
+        await asyncio.wait_for(arrived, 5)
+        await sender.close()
+        await receiver.close()
+        return claim.block_ids, waiting_before_write, mine
+
+    block_ids, waiting_before_write, received = asyncio.run(main())
+    source = caches(16, seed=3)
+    assert (block_ids, waiting_before_write) == ([6, 2, 17], True)
+    for mine, theirs in zip(received, source, strict=True):
+        assert torch.equal(mine[[6, 2, 17]], theirs[[0, 5, 9]])
+        assert bool((mine[[i for i in range(20) if i not in (6, 2, 17)]] == -1).all())
+
+
+def test_a_released_claim_fails_the_transfer_with_its_reason_and_writes_nothing() -> None:
+    async def main() -> tuple[BaseException | None, list[torch.Tensor]]:
+        receiver = IPCTransport()
+        mine = caches(8, seed=None)
+        receiver.share(mine)
+        address = await receiver.listen("127.0.0.1")
+        arrived = receiver.expect_blocks(TransferId("given-back"), [1, 2])
+        sender = IPCTransport()
+        claim = await sender.claim(address, TransferId("given-back"), 2)
+        assert claim is not None
+        await sender.release_claim(claim, "the prefill took longer than 5 s")
+        await asyncio.wait({arrived}, timeout=5)
+        await sender.close()
+        await receiver.close()
+        return arrived.exception(), mine
+
+    error, received = asyncio.run(main())
+    assert isinstance(error, TransferError)
+    assert str(error) == (
+        "transfer given-back failed: the sender aborted: the prefill took longer than 5 s"
+    )
+    assert all(bool((t == -1).all()) for t in received)
+
+
+def test_a_forgotten_claim_keeps_its_blocks_until_the_sender_is_done() -> None:
+    async def main() -> tuple[bool, bool, bool]:
+        receiver = IPCTransport()
+        receiver.share(caches(8, seed=None))
+        address = await receiver.listen("127.0.0.1")
+        arrived = receiver.expect_blocks(TransferId("slow"), [3])
+        sender = IPCTransport()
+        claim = await sender.claim(address, TransferId("slow"), 1)
+        assert claim is not None
+        receiver.forget(TransferId("slow"))  # the decode side timed out meanwhile
+        settling = asyncio.ensure_future(receiver.writes_done(TransferId("slow")))
+        await asyncio.sleep(0.05)
+        held = not settling.done()
+        await sender.write_claimed(claim, caches(4, seed=1), [2])
+        await asyncio.wait_for(settling, 5)
+        unexpected = await sender.claim(address, TransferId("never-expected"), 1)
+        await sender.close()
+        await receiver.close()
+        return held, arrived.cancelled(), unexpected is None
+
+    assert asyncio.run(main()) == (True, True, True)

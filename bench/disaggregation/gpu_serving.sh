@@ -25,6 +25,9 @@ run_tests() {
 run_ipc() {
     timeout 120 python3 -m bench.disaggregation.ipc_gpu 2>&1 | tee "$OUT/ipc.log"
     cp bench/results/disagg-ipc-h200.json "$OUT/" 2>/dev/null
+    # Where a transfer's time goes, phase by phase, per way of waiting for the copy.
+    timeout 100 python3 -m bench.disaggregation.ipc_timeline 2>&1 | tee "$OUT/ipc-timeline.log"
+    cp bench/results/disagg-ipc-timeline-h200.json "$OUT/" 2>/dev/null
     # The same transport's Python control on this host's CPU (shared memory, no GPU).
     timeout 60 python3 -m bench.disaggregation.ipc_control --repeats 200 \
         --out "$OUT/disagg-ipc-control-h200-host.json" 2>&1 | tee -a "$OUT/ipc.log"

@@ -67,6 +67,7 @@ def plans(args: argparse.Namespace) -> dict[str, tuple[list[int], list[int]]]:
     for r in range(args.repeats + 1):
         out[f"one-{r}"] = ([7], [9])
         out[f"contiguous-{r}"] = (list(range(args.blocks)), list(range(args.blocks)))
+        out[f"claimed-{r}"] = (list(range(args.blocks)), list(range(args.blocks)))
         out[f"scattered-{r}"] = (
             rng.sample(range(args.cache_blocks), args.blocks),
             rng.sample(range(args.cache_blocks), args.blocks),
@@ -93,6 +94,7 @@ def short_case(path: str) -> str:
         ("device copy_() of one tensor", "copy_ one tensor"),
         ("CUDA IPC, one block", "IPC one block"),
         ("CUDA IPC, begin -> gone", "IPC round trip"),
+        ("CUDA IPC, contiguous (1 runs), claimed ahead", "IPC claimed ahead"),
         ("in-process one block: launch_blocks returns", "one block queued"),
         ("in-process one block: + event wait in a thread", "one block + wait"),
         ("CUDA IPC, ", "IPC "),
@@ -124,7 +126,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     address = (await receiver.stdout.readline()).decode().strip()
     source = cache(args.cache_blocks)
     sender = IPCTransport()
-    times: dict[str, list[float]] = {"one": [], "contiguous": [], "scattered": [], "gone": []}
+    times: dict[str, list[float]] = {
+        "one": [], "contiguous": [], "claimed": [], "scattered": [], "gone": []
+    }  # fmt: skip
     for r in range(args.repeats + 1):  # the first asks for the handles
         start = time.perf_counter()
         assert not await sender.send_blocks(address, TransferId(f"unexpected-{r}"), source, [7])
@@ -132,6 +136,14 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             times["gone"].append(time.perf_counter() - start)
     for tid, (src, _) in plans(args).items():
         kind, repeat = tid.rsplit("-", 1)
+        if kind == "claimed":  # the begin round trip made ahead, as during a prefill
+            claim = await sender.claim(address, TransferId(tid), len(src))
+            assert claim is not None
+            start = time.perf_counter()
+            await sender.write_claimed(claim, source, src)
+            if repeat != "0":
+                times[kind].append(time.perf_counter() - start)
+            continue
         start = time.perf_counter()
         assert await sender.send_blocks(address, TransferId(tid), source, src)
         if repeat != "0":  # the first of each kind is the warm-up (handles opened)
@@ -169,6 +181,13 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         rows.append(
             {"path": f"CUDA IPC, {kind} ({runs} runs)", "s": statistics.median(times[kind])}
         )
+        if kind == "contiguous":
+            rows.append(
+                {
+                    "path": f"CUDA IPC, contiguous ({runs} runs), claimed ahead",
+                    "s": statistics.median(times["claimed"]),
+                }
+            )
         for name in ("fused", "fused: launch only", "per tensor"):
             rows.append({"path": f"in-process {name}, {kind}", "s": local_times[kind, name]})
     for row in rows:

@@ -26,12 +26,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import chain
 
 from dynask.kv.block import Block, BlockId
 from dynask.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventLog
 from dynask.kv.free_queue import FreeBlockQueue
-from dynask.kv.hashing import SequenceHash
+from dynask.kv.hashing import SequenceHash, pack_token_ids
 from dynask.kv.tier import KVTier
 
 __all__ = [
@@ -286,8 +285,8 @@ class BlockPool:
         if not run:
             return
         hashes = tuple(block_hash for block_hash, _ in run)
-        tokens = run[0][1] if len(run) == 1 else tuple(chain.from_iterable(c for _, c in run))
-        self._emit(BlockStored(hashes, parent_hash, tokens, self._block_size))
+        packed = b"".join(pack_token_ids(tokens) for _, tokens in run)
+        self._emit(BlockStored(hashes, parent_hash, packed, self._block_size))
 
     def reset_prefix_cache(self) -> bool:
         """Drop the whole prefix cache and emit ``AllBlocksCleared``.

@@ -11,8 +11,18 @@ Design decisions:
 - A consumer that pushes events (the actor's token stream) is woken by ``set_listener``
   only when a record arrives at an *empty* log: one wake-up per batch it drains, not one
   per event, and nothing to poll.
-- ``to_dict`` / ``event_from_dict`` give a plain dict (ints, lists, strings, None) that
-  survives JSON and msgpack; the ``"type"`` key selects the event.
+- ``to_dict`` / ``event_from_dict`` give a plain dict that msgpack carries (the token
+  stream, dumps); the ``"type"`` key selects the event.
+- A stored block's tokens are kept and sent packed, as little-endian u32 bytes
+  (``kv.hashing.pack_token_ids``: the very bytes its local hash covers), under
+  ``"packed_token_ids"``. A 20k-token prompt is 300+ blocks and ~20k tokens per event
+  batch; as msgpack ints the router spent ~30 ns a token parsing, checking and packing
+  them again to hash, most of its KV-event CPU. Packed, it checks one length and hashes
+  views of the bytes. Local hashes are not sent instead: the router hashes with its own
+  seed (``PrefixIndex.seed``), which the engine need not share.
+- ``to_dict(packed=False)`` gives the list form (``"token_ids"``: ints), for JSON (which
+  has no bytes) and the form events had before; ``event_from_dict`` reads both, so
+  actors of an older version (adopted by a newer control plane) still route.
 - Each event names the memory tier it is about (``kv.tier``): the device cache, host
   memory or disk. ``"device"`` is the default and is left out of the dict, so events of
   an engine without offload tiers read exactly as before, both ways.
@@ -21,11 +31,11 @@ Design decisions:
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dynask.kv.hashing import SequenceHash
+from dynask.kv.hashing import SequenceHash, pack_token_ids, unpack_token_ids
 from dynask.kv.tier import KVTier, parse_tier
 
 STORED = "stored"
@@ -35,11 +45,12 @@ CLEARED = "cleared"
 
 @dataclass(frozen=True, slots=True)
 class BlockStored:
-    """Full blocks entered the prefix cache; ``token_ids`` are all their tokens in order."""
+    """Full blocks entered the prefix cache; ``packed_token_ids`` are all their tokens in
+    order, as little-endian u32 (``pack_token_ids``; ``from_token_ids`` packs them)."""
 
     block_hashes: tuple[SequenceHash, ...]
     parent_hash: SequenceHash | None
-    token_ids: tuple[int, ...]
+    packed_token_ids: bytes
     block_size: int
     tier: KVTier = KVTier.DEVICE
 
@@ -48,20 +59,49 @@ class BlockStored:
             raise ValueError("BlockStored.block_hashes must not be empty, got ()")
         if self.block_size <= 0:
             raise ValueError(f"BlockStored.block_size must be positive, got {self.block_size!r}")
-        expected = len(self.block_hashes) * self.block_size
-        if len(self.token_ids) != expected:
+        if not isinstance(self.packed_token_ids, bytes):
             raise ValueError(
-                f"BlockStored.token_ids has {len(self.token_ids)} tokens; expected {expected} "
-                f"({len(self.block_hashes)} blocks of {self.block_size})"
+                f"BlockStored.packed_token_ids has type {type(self.packed_token_ids).__name__}; "
+                "expected bytes (pack_token_ids, or BlockStored.from_token_ids)"
+            )
+        expected = len(self.block_hashes) * self.block_size
+        if len(self.packed_token_ids) != 4 * expected:
+            raise ValueError(
+                f"BlockStored.packed_token_ids has {len(self.packed_token_ids)} bytes; expected "
+                f"{4 * expected} ({len(self.block_hashes)} blocks of {self.block_size} "
+                "u32 tokens)"
             )
 
-    def to_dict(self) -> dict[str, Any]:
-        """A plain dict for the wire."""
+    @classmethod
+    def from_token_ids(
+        cls,
+        block_hashes: tuple[SequenceHash, ...],
+        parent_hash: SequenceHash | None,
+        token_ids: Sequence[int],
+        block_size: int,
+        tier: KVTier = KVTier.DEVICE,
+    ) -> BlockStored:
+        """An event from token ids as ints (packed once, here); ``ValueError`` if one
+        does not fit in u32."""
+        return cls(block_hashes, parent_hash, pack_token_ids(token_ids), block_size, tier)
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        """The tokens as ints (unpacked on every call: for tests and diagnostics)."""
+        return unpack_token_ids(self.packed_token_ids)
+
+    def to_dict(self, *, packed: bool = True) -> dict[str, Any]:
+        """A plain dict for the wire; ``packed=False``: the tokens as a list of ints."""
+        tokens: dict[str, Any] = (
+            {"packed_token_ids": self.packed_token_ids}
+            if packed
+            else {"token_ids": list(self.token_ids)}
+        )
         return {
             "type": STORED,
             "block_hashes": list(self.block_hashes),
             "parent_hash": self.parent_hash,
-            "token_ids": list(self.token_ids),
+            **tokens,
             "block_size": self.block_size,
             **_tier_entry(self.tier),
         }
@@ -78,8 +118,8 @@ class BlockRemoved:
         if not self.block_hashes:
             raise ValueError("BlockRemoved.block_hashes must not be empty, got ()")
 
-    def to_dict(self) -> dict[str, Any]:
-        """A plain dict for the wire."""
+    def to_dict(self, *, packed: bool = True) -> dict[str, Any]:
+        """A plain dict for the wire (``packed``: see ``BlockStored.to_dict``)."""
         return {"type": REMOVED, "block_hashes": list(self.block_hashes), **_tier_entry(self.tier)}
 
 
@@ -89,8 +129,8 @@ class AllBlocksCleared:
 
     tier: KVTier = KVTier.DEVICE
 
-    def to_dict(self) -> dict[str, Any]:
-        """A plain dict for the wire."""
+    def to_dict(self, *, packed: bool = True) -> dict[str, Any]:
+        """A plain dict for the wire (``packed``: see ``BlockStored.to_dict``)."""
         return {"type": CLEARED, **_tier_entry(self.tier)}
 
 
@@ -108,9 +148,9 @@ class KVEventRecord:
         if self.event_id < 1:
             raise ValueError(f"KVEventRecord.event_id must be >= 1, got {self.event_id!r}")
 
-    def to_dict(self) -> dict[str, Any]:
-        """A plain dict for the wire."""
-        return {"event_id": self.event_id, "event": self.event.to_dict()}
+    def to_dict(self, *, packed: bool = True) -> dict[str, Any]:
+        """A plain dict for the wire (``packed``: see ``BlockStored.to_dict``)."""
+        return {"event_id": self.event_id, "event": self.event.to_dict(packed=packed)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> KVEventRecord:
@@ -128,7 +168,7 @@ def event_from_dict(data: Mapping[str, Any]) -> KVEvent:
         return BlockStored(
             block_hashes=_hash_tuple(data, "block_hashes"),
             parent_hash=_optional_hash(data, "parent_hash"),
-            token_ids=_int_tuple(data, "token_ids"),
+            packed_token_ids=_packed_token_ids(data),
             block_size=_int_field(data, "block_size"),
             tier=_tier_field(data),
         )
@@ -199,6 +239,27 @@ def _int_tuple(data: Mapping[str, Any], name: str) -> tuple[int, ...]:
     if set(map(type, values)) <= {int}:  # checked in C: a stored block carries its tokens,
         return tuple(values)  # and one by one they were most of a router's CPU under load
     return tuple(_int_field({name: value}, name) for value in values)
+
+
+def _packed_token_ids(data: Mapping[str, Any]) -> bytes:
+    """A stored event's tokens as ``pack_token_ids`` bytes, from either wire form."""
+    packed = data.get("packed_token_ids")
+    if packed is None:  # the list form (JSON, or an actor of an older version)
+        token_ids = _int_tuple(data, "token_ids")
+        try:
+            return pack_token_ids(token_ids)
+        except ValueError as exc:
+            raise ValueError(f"KV event field 'token_ids': {exc}") from None
+    if not isinstance(packed, bytes):
+        raise ValueError(
+            f"KV event field 'packed_token_ids' has type {type(packed).__name__}; expected bytes"
+        )
+    if len(packed) % 4:
+        raise ValueError(
+            f"KV event field 'packed_token_ids' has {len(packed)} bytes; expected a multiple "
+            "of 4 (little-endian u32 token ids)"
+        )
+    return packed
 
 
 def _hash_tuple(data: Mapping[str, Any], name: str) -> tuple[SequenceHash, ...]:

@@ -68,6 +68,30 @@ def local_block_hash(token_ids: Sequence[int], seed: int = DEFAULT_SEED) -> Loca
     return LocalBlockHash(xxhash.xxh3_64_intdigest(packed, seed=seed))
 
 
+def pack_token_ids(token_ids: Sequence[int]) -> bytes:
+    """``token_ids`` as little-endian u32: the bytes a block's local hash covers, and the
+    form in which KV events carry their tokens (``kv.events``). Packed in C."""
+    try:
+        packed = array(_U32_CODE, token_ids)
+    except (OverflowError, TypeError) as error:
+        raise _bad_token_error(token_ids) from error
+    if sys.byteorder != "little":
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def unpack_token_ids(packed: bytes) -> tuple[int, ...]:
+    """Inverse of ``pack_token_ids``; raises ``ValueError`` if the length is not a
+    multiple of 4."""
+    if len(packed) % 4:
+        raise ValueError(f"packed token ids have {len(packed)} bytes; expected a multiple of 4")
+    values = array(_U32_CODE)
+    values.frombytes(packed)
+    if sys.byteorder != "little":
+        values.byteswap()
+    return tuple(values)
+
+
 def local_block_hashes(
     token_ids: Sequence[int], block_size: int, seed: int = DEFAULT_SEED
 ) -> list[LocalBlockHash]:
@@ -83,15 +107,22 @@ def local_block_hashes(
     full = len(token_ids) - len(token_ids) % block_size
     if not full:
         return []
-    try:
-        packed = array(_U32_CODE, token_ids[:full] if full < len(token_ids) else token_ids)
-    except (OverflowError, TypeError) as error:
-        raise _bad_token_error(token_ids[:full]) from error
-    if sys.byteorder != "little":
-        packed.byteswap()
-    view, step = memoryview(packed).cast("B"), 4 * block_size
+    packed = pack_token_ids(token_ids[:full] if full < len(token_ids) else token_ids)
+    return packed_block_hashes(packed, block_size, seed)
+
+
+def packed_block_hashes(
+    packed: bytes, block_size: int, seed: int = DEFAULT_SEED
+) -> list[LocalBlockHash]:
+    """``local_block_hashes`` of tokens already packed by ``pack_token_ids`` (a KV event's
+    ``packed_token_ids``): each block's bytes are hashed in place, no token is touched in
+    Python. A trailing partial block is skipped."""
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size!r}")
+    view, step = memoryview(packed), 4 * block_size
     digest = xxhash.xxh3_64_intdigest
-    hashes = [digest(view[start : start + step], seed=seed) for start in range(0, 4 * full, step)]
+    full = len(view) - len(view) % step
+    hashes = [digest(view[start : start + step], seed=seed) for start in range(0, full, step)]
     return cast(list[LocalBlockHash], hashes)
 
 

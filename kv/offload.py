@@ -193,7 +193,9 @@ class KVOffload:
             counters.stored += 1
             hashes = (block.block_hash,)
             size = self.block_size
-            self._emit(BlockStored(hashes, block.parent_hash, block.token_ids, size, tier))
+            self._emit(
+                BlockStored.from_token_ids(hashes, block.parent_hash, block.token_ids, size, tier)
+            )
 
     # ---- coming back up ---------------------------------------------------------------
 

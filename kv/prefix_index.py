@@ -4,9 +4,10 @@ Design decisions:
 
 - One radix tree (``kv.radix_tree``) for all actors, keyed by *local* block hash, so a
   prompt's blocks are looked up once for every actor. The local hashes are computed from
-  the tokens a ``BlockStored`` event carries, with the index's ``seed`` (the default
-  seed, or ``hash_seed(extra_keys)`` for an index of LoRA/salted requests): the engine's
-  sequence hashes may have been made with another seed, so they only serve as names.
+  the tokens a ``BlockStored`` event carries (packed u32 bytes, hashed in place: no token
+  is touched in Python), with the index's ``seed`` (the default seed, or
+  ``hash_seed(extra_keys)`` for an index of LoRA/salted requests): the engine's sequence
+  hashes may have been made with another seed, so they only serve as names.
 - Per actor, a dict from *sequence* hash to node: ``BlockRemoved`` carries only sequence
   hashes, and ``BlockStored`` finds its parent through ``parent_hash`` (None = the root).
   A node counts how many of an actor's sequence hashes point at it, so two engine hashes
@@ -39,7 +40,7 @@ from dynask.kv.events import (
     KVEventRecord,
     event_from_dict,
 )
-from dynask.kv.hashing import DEFAULT_SEED, LocalBlockHash, SequenceHash, local_block_hashes
+from dynask.kv.hashing import DEFAULT_SEED, LocalBlockHash, SequenceHash, packed_block_hashes
 from dynask.kv.radix_tree import RadixNode, RadixTree
 from dynask.kv.tier import TIER_ORDER, KVTier
 
@@ -104,11 +105,12 @@ class KVCacheDump:
                     f"KVCacheDump.stored[{position}] has value {entry!r}; expected BlockStored"
                 )
 
-    def to_dict(self) -> dict[str, Any]:
-        """A plain dict for the wire (JSON, msgpack)."""
+    def to_dict(self, *, packed: bool = True) -> dict[str, Any]:
+        """A plain dict for msgpack; ``packed=False``: tokens as lists of ints, for JSON
+        (``BlockStored.to_dict``)."""
         return {
             "last_event_id": self.last_event_id,
-            "stored": [entry.to_dict() for entry in self.stored],
+            "stored": [entry.to_dict(packed=packed) for entry in self.stored],
         }
 
     @classmethod
@@ -154,7 +156,9 @@ class KVCacheDump:
             block = cached[stack.pop()]
             hashes = (block.block_hash,)
             ordered.append(
-                BlockStored(hashes, block.parent_hash, block.token_ids, pool.block_size, block.tier)
+                BlockStored.from_token_ids(
+                    hashes, block.parent_hash, block.token_ids, pool.block_size, block.tier
+                )
             )
             # pop: a hash held in two tiers lists its children once.
             stack.extend(reversed(children.pop(block.block_hash, [])))
@@ -286,7 +290,7 @@ class PrefixIndex:
             if parent is None:
                 return  # see the module docstring: unreachable from the root
             node = parent
-        local = local_block_hashes(event.token_ids, event.block_size, self.seed)
+        local = packed_block_hashes(event.packed_token_ids, event.block_size, self.seed)
         tier, nodes, tiers = event.tier, state.nodes, state.tiers
         slot = _TIER_INDEX[tier]
         path = self._tree.path(node, local)

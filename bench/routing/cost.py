@@ -93,7 +93,7 @@ def build_index(config: BenchConfig, rng: random.Random) -> tuple[PrefixIndex, l
             pairs = block_hashes(tokens, config.block_size)
             hashes = tuple(SequenceHash(pair.sequence) for pair in pairs)
             event_id += 1
-            event = BlockStored(hashes, None, tuple(tokens), config.block_size)
+            event = BlockStored.from_token_ids(hashes, None, tokens, config.block_size)
             index.apply(actor, KVEventRecord(event_id, event))
             held = index.num_blocks(actor)
             chains.append(tokens)

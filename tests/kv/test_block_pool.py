@@ -222,9 +222,9 @@ def test_exact_event_sequence():
     pool.free(pool._blocks)
     assert pool.reset_prefix_cache()
     assert log.drain() == [
-        KVEventRecord(1, BlockStored((A_HASHES[0],), None, (1, 2), 2)),
-        KVEventRecord(2, BlockStored((A_HASHES[1],), A_HASHES[0], (3, 4), 2)),
-        KVEventRecord(3, BlockStored((A_HASHES[2],), A_HASHES[1], (5, 6), 2)),
+        KVEventRecord(1, BlockStored.from_token_ids((A_HASHES[0],), None, (1, 2), 2)),
+        KVEventRecord(2, BlockStored.from_token_ids((A_HASHES[1],), A_HASHES[0], (3, 4), 2)),
+        KVEventRecord(3, BlockStored.from_token_ids((A_HASHES[2],), A_HASHES[1], (5, 6), 2)),
         KVEventRecord(4, BlockRemoved((A_HASHES[2], A_HASHES[1], A_HASHES[0]))),
         KVEventRecord(5, AllBlocksCleared()),
     ]
@@ -282,7 +282,9 @@ def test_duplicate_block_is_not_cached_and_frees_uncached():
     assert free_ids(pool) == [2, 3, 1, 0]
     assert ids(pool.get_cached_blocks([SequenceHash(7)], [[1, 2]])) == [0]
     pool.allocate(3)  # pops 2, 3, 1: none cached
-    assert log.drain() == [KVEventRecord(1, BlockStored((SequenceHash(7),), None, (1, 2), 2))]
+    assert log.drain() == [
+        KVEventRecord(1, BlockStored.from_token_ids((SequenceHash(7),), None, (1, 2), 2))
+    ]
 
 
 def test_prefix_caching_disabled():
@@ -349,7 +351,9 @@ def test_cache_blocks_emits_one_event_for_consecutive_blocks():
 
     assert pool.cache_blocks(blocks, A_HASHES, None, chunks(A)) == 3
 
-    assert log.drain() == [KVEventRecord(1, BlockStored(tuple(A_HASHES), None, tuple(A), 2))]
+    assert log.drain() == [
+        KVEventRecord(1, BlockStored.from_token_ids(tuple(A_HASHES), None, tuple(A), 2))
+    ]
     assert ids(lookup(pool, A)) == [0, 1, 2]
     assert [b.parent_hash for b in pool.cached_blocks()] == [None, A_HASHES[0], A_HASHES[1]]
 
@@ -366,8 +370,8 @@ def test_cache_blocks_continues_a_parent_and_splits_at_duplicates():
     assert registered == 2
     assert blocks[1].block_hash is None  # a duplicate stays uncached
     assert log.drain() == [
-        KVEventRecord(2, BlockStored((A_HASHES[0],), None, (1, 2), 2)),
-        KVEventRecord(3, BlockStored((A_HASHES[2],), A_HASHES[1], (5, 6), 2)),
+        KVEventRecord(2, BlockStored.from_token_ids((A_HASHES[0],), None, (1, 2), 2)),
+        KVEventRecord(3, BlockStored.from_token_ids((A_HASHES[2],), A_HASHES[1], (5, 6), 2)),
     ]
 
 

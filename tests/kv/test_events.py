@@ -1,6 +1,7 @@
 import json
 import threading
 
+import msgpack
 import pytest
 
 from dynask.kv.events import (
@@ -14,14 +15,25 @@ from dynask.kv.events import (
 from dynask.kv.hashing import SequenceHash
 
 H1, H2 = SequenceHash(101), SequenceHash(202)
+# 1, 2, 3, 4 as little-endian u32: the bytes a stored event carries (and hashes)
+PACKED_1234 = b"\x01\x00\x00\x00\x02\x00\x00\x00\x03\x00\x00\x00\x04\x00\x00\x00"
 
 
 def stored() -> BlockStored:
-    return BlockStored((H1, H2), parent_hash=SequenceHash(7), token_ids=(1, 2, 3, 4), block_size=2)
+    return BlockStored.from_token_ids(
+        (H1, H2), parent_hash=SequenceHash(7), token_ids=(1, 2, 3, 4), block_size=2
+    )
 
 
 def test_event_dicts_have_type_key():
     assert stored().to_dict() == {
+        "type": "stored",
+        "block_hashes": [101, 202],
+        "parent_hash": 7,
+        "packed_token_ids": PACKED_1234,
+        "block_size": 2,
+    }
+    assert stored().to_dict(packed=False) == {
         "type": "stored",
         "block_hashes": [101, 202],
         "parent_hash": 7,
@@ -36,13 +48,28 @@ def test_event_dicts_have_type_key():
     "event",
     [
         stored(),
-        BlockStored((H1,), parent_hash=None, token_ids=(5, 6), block_size=2),
+        BlockStored.from_token_ids((H1,), parent_hash=None, token_ids=(5, 6), block_size=2),
         BlockRemoved((H1, H2)),
         AllBlocksCleared(),
     ],
 )
 def test_event_round_trips_through_json(event):
-    assert event_from_dict(json.loads(json.dumps(event.to_dict()))) == event
+    assert event_from_dict(json.loads(json.dumps(event.to_dict(packed=False)))) == event
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        stored(),
+        BlockStored.from_token_ids((H1,), parent_hash=None, token_ids=(5, 6), block_size=2),
+        BlockRemoved((H1, H2)),
+        AllBlocksCleared(),
+    ],
+)
+@pytest.mark.parametrize("packed", [True, False])
+def test_event_round_trips_through_msgpack(event, packed):
+    wire = msgpack.unpackb(msgpack.packb(event.to_dict(packed=packed), use_bin_type=True))
+    assert event_from_dict(wire) == event
 
 
 def test_record_round_trips_through_json():
@@ -79,20 +106,20 @@ def test_event_from_dict_rejects_missing_field():
 
 
 def test_block_stored_validates_token_count():
-    with pytest.raises(ValueError, match="token_ids has 3 tokens; expected 4"):
-        BlockStored((H1, H2), parent_hash=None, token_ids=(1, 2, 3), block_size=2)
+    with pytest.raises(ValueError, match=r"packed_token_ids has 12 bytes; expected 16 \(2 blocks"):
+        BlockStored.from_token_ids((H1, H2), parent_hash=None, token_ids=(1, 2, 3), block_size=2)
 
 
 def test_block_stored_validates_block_size():
     with pytest.raises(ValueError, match="block_size must be positive, got 0"):
-        BlockStored((H1,), parent_hash=None, token_ids=(), block_size=0)
+        BlockStored.from_token_ids((H1,), parent_hash=None, token_ids=(), block_size=0)
 
 
 def test_events_reject_empty_hashes():
     with pytest.raises(ValueError, match=r"BlockRemoved\.block_hashes must not be empty"):
         BlockRemoved(())
     with pytest.raises(ValueError, match=r"BlockStored\.block_hashes must not be empty"):
-        BlockStored((), parent_hash=None, token_ids=(), block_size=2)
+        BlockStored.from_token_ids((), parent_hash=None, token_ids=(), block_size=2)
 
 
 def test_record_rejects_non_positive_id():
@@ -162,6 +189,75 @@ def test_event_from_dict_reads_tokens_as_a_tuple_of_the_same_ints():
 
     event = event_from_dict(wire)
 
-    assert event == BlockStored(
+    assert event == BlockStored.from_token_ids(
         block_hashes=(7,), parent_hash=None, token_ids=(3, 0, 5), block_size=3
     )
+
+
+def test_a_stored_event_packs_its_tokens_as_little_endian_u32():
+    event = BlockStored.from_token_ids((H1,), None, (1, 2**32 - 1), block_size=2)
+
+    assert event.packed_token_ids == b"\x01\x00\x00\x00\xff\xff\xff\xff"
+    assert event.token_ids == (1, 2**32 - 1)
+    assert event == BlockStored((H1,), None, b"\x01\x00\x00\x00\xff\xff\xff\xff", 2)
+
+
+def test_the_packed_and_the_list_form_read_back_as_one_event():
+    packed = {"type": "stored", "block_hashes": [101, 202], "parent_hash": 7, "block_size": 2}
+    listed = dict(packed, token_ids=[1, 2, 3, 4])
+    packed["packed_token_ids"] = PACKED_1234
+
+    assert event_from_dict(packed) == event_from_dict(listed) == stored()
+    assert event_from_dict(packed).packed_token_ids is PACKED_1234  # taken as is, not copied
+
+
+def test_a_record_of_packed_tokens_round_trips_through_msgpack():
+    record = KVEventRecord(9, stored())
+    wire = msgpack.unpackb(msgpack.packb(record.to_dict(), use_bin_type=True), raw=False)
+
+    assert wire == {
+        "event_id": 9,
+        "event": {
+            "type": "stored",
+            "block_hashes": [101, 202],
+            "parent_hash": 7,
+            "packed_token_ids": PACKED_1234,
+            "block_size": 2,
+        },
+    }
+    assert KVEventRecord.from_dict(wire) == record
+
+
+def test_packed_tokens_not_a_multiple_of_four_bytes_are_refused():
+    wire = {"type": "stored", "block_hashes": [1], "packed_token_ids": b"\x01\x00\x00\x00\x02"}
+
+    with pytest.raises(
+        ValueError, match=r"field 'packed_token_ids' has 5 bytes; expected a multiple of 4"
+    ):
+        event_from_dict({**wire, "block_size": 2})
+
+
+def test_packed_tokens_of_the_wrong_count_for_the_blocks_are_refused():
+    wire = {"type": "stored", "block_hashes": [1, 2], "packed_token_ids": PACKED_1234[:12]}
+
+    with pytest.raises(
+        ValueError,
+        match=r"BlockStored\.packed_token_ids has 12 bytes; expected 16 \(2 blocks of 2 u32",
+    ):
+        event_from_dict({**wire, "block_size": 2})
+
+
+def test_packed_tokens_that_are_not_bytes_are_refused():
+    wire = {"type": "stored", "block_hashes": [1], "packed_token_ids": "\x01\x00\x00\x00"}
+
+    with pytest.raises(ValueError, match="field 'packed_token_ids' has type str; expected bytes"):
+        event_from_dict({**wire, "block_size": 1})
+    with pytest.raises(ValueError, match="packed_token_ids has type tuple; expected bytes"):
+        BlockStored((H1,), None, (1, 2), 2)  # type: ignore[arg-type]
+
+
+def test_listed_tokens_past_u32_are_refused_naming_the_token():
+    wire = {"type": "stored", "block_hashes": [1], "token_ids": [1, 2**32], "block_size": 2}
+
+    with pytest.raises(ValueError, match=r"field 'token_ids': token_ids\[1\] has value 4294967296"):
+        event_from_dict(wire)

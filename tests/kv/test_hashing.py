@@ -13,6 +13,9 @@ from dynask.kv.hashing import (
     hash_seed,
     local_block_hash,
     local_block_hashes,
+    pack_token_ids,
+    packed_block_hashes,
+    unpack_token_ids,
 )
 
 
@@ -152,3 +155,34 @@ def test_local_block_hashes_ignore_a_bad_token_in_the_partial_block():
 def test_local_block_hashes_reject_non_positive_block_size(bad):
     with pytest.raises(ValueError, match=f"block_size must be positive, got {bad}"):
         local_block_hashes([1, 2, 3], block_size=bad)
+
+
+def test_pack_token_ids_is_little_endian_u32_and_unpacks_back():
+    packed = pack_token_ids([1, 258, 0xFFFFFFFF])
+
+    assert packed == b"\x01\0\0\0\x02\x01\0\0\xff\xff\xff\xff"
+    assert unpack_token_ids(packed) == (1, 258, 0xFFFFFFFF)
+    assert pack_token_ids(()) == b"" and unpack_token_ids(b"") == ()
+
+
+@pytest.mark.parametrize("bad", [-1, 2**32])
+def test_pack_token_ids_names_a_token_outside_u32(bad):
+    with pytest.raises(ValueError, match=rf"token_ids\[2\] has value {bad}"):
+        pack_token_ids([5, 6, bad])
+
+
+def test_unpack_token_ids_refuses_a_length_not_a_multiple_of_four():
+    with pytest.raises(ValueError, match="packed token ids have 6 bytes; expected a multiple of 4"):
+        unpack_token_ids(b"\x01\0\0\0\x02\0")
+
+
+def test_packed_block_hashes_equal_local_block_hashes_of_the_ints():
+    tokens = [(i * 2_654_435_761) % 49_152 for i in range(20_000)]  # 312 full blocks of 64
+    seed = hash_seed(["lora-a"])
+
+    hashes = packed_block_hashes(pack_token_ids(tokens), block_size=64, seed=seed)
+
+    assert hashes == local_block_hashes(tokens, block_size=64, seed=seed)
+    assert hashes[0] == xxh(struct.pack("<64I", *tokens[:64]), seed=seed)
+    assert packed_block_hashes(pack_token_ids([1, 2, 3]), 2) == [xxh(struct.pack("<2I", 1, 2))]
+    assert packed_block_hashes(b"", 2) == []

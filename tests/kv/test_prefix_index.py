@@ -44,7 +44,7 @@ def stored(
     for local in locals_of(tokens, seed):
         chained = chain_hash(chained, LocalBlockHash(local), seed)
         hashes.append(chained)
-    return BlockStored(tuple(hashes), parent, tuple(tokens), BS)
+    return BlockStored.from_token_ids(tuple(hashes), parent, tuple(tokens), BS)
 
 
 class Feeder:
@@ -217,7 +217,7 @@ def test_actor_ids_must_be_non_empty_strings() -> None:
 def test_a_dump_survives_json_and_msgpack() -> None:
     dump = KVCacheDump(last_event_id=4, stored=(A_STORED, stored([3, 3], A_STORED.block_hashes[0])))
 
-    assert KVCacheDump.from_dict(json.loads(json.dumps(dump.to_dict()))) == dump
+    assert KVCacheDump.from_dict(json.loads(json.dumps(dump.to_dict(packed=False)))) == dump
     assert KVCacheDump.from_dict(msgpack.unpackb(msgpack.packb(dump.to_dict()))) == dump
 
 
@@ -326,7 +326,7 @@ class Reference:
     def __init__(self) -> None:
         self.paths: dict[str, dict[int, tuple[int, ...]]] = {}
 
-    def apply(self, actor: str, event: KVEvent) -> None:
+    def apply(self, actor: str, event: KVEvent, seed: int = DEFAULT_SEED) -> None:
         held = self.paths.setdefault(actor, {})
         if isinstance(event, AllBlocksCleared):
             held.clear()
@@ -337,7 +337,7 @@ class Reference:
             prefix = () if event.parent_hash is None else held.get(event.parent_hash)
             if prefix is None:
                 return
-            locals_ = locals_of(event.token_ids)
+            locals_ = locals_of(event.token_ids, seed)  # the ints, hashed as before
             for block_hash, local in zip(event.block_hashes, locals_, strict=True):
                 prefix = (*prefix, local)
                 held[block_hash] = prefix
@@ -408,7 +408,7 @@ def test_a_hash_stored_again_at_another_node_moves_there() -> None:
     h2 = stored([1, 2, 3, 4]).block_hashes[1]
 
     # The engine names new blocks with a hash it gave before (its h2 now sits first).
-    feeder.send("a", BlockStored((h2, SequenceHash(99)), None, (5, 6, 7, 8), BS))
+    feeder.send("a", BlockStored.from_token_ids((h2, SequenceHash(99)), None, (5, 6, 7, 8), BS))
 
     assert index.find_matches(locals_of([5, 6, 7, 8])) == {"a": 2}
     assert index.find_matches(locals_of([1, 2, 3, 4])) == {"a": 1}  # h2's old node is gone
@@ -423,10 +423,65 @@ def test_a_hash_moved_up_its_own_chain_leaves_the_chain_whole() -> None:
 
     # The same tokens again, named (h2, 99): moving h2 to the first node prunes the
     # second one, which the second block then makes anew.
-    feeder.send("a", BlockStored((h2, SequenceHash(99)), None, (1, 2, 3, 4), BS))
+    feeder.send("a", BlockStored.from_token_ids((h2, SequenceHash(99)), None, (1, 2, 3, 4), BS))
 
     assert index.find_matches(locals_of([1, 2, 3, 4])) == {"a": 2}
     assert (index.num_blocks("a"), index.num_nodes()) == (3, 2)
     feeder.send("a", BlockRemoved((h1, h2)))
     assert index.find_matches(locals_of([1, 2, 3, 4])) == {}  # its first block is gone
     assert (index.num_blocks("a"), index.num_nodes()) == (1, 2)
+
+
+# ---- issue 21: tokens packed on the wire, or listed (an older actor, JSON) ---------------
+
+
+def over_the_wire(record: KVEventRecord, packed: bool) -> KVEventRecord:
+    """``record`` as the token stream carries it (msgpack), packed or as lists, read back."""
+    data = msgpack.unpackb(msgpack.packb(record.to_dict(packed=packed)), raw=False)
+    return KVEventRecord.from_dict(data)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_packed_and_listed_events_build_the_same_index(seed: int) -> None:
+    log = KVEventLog()
+    pool = BlockPool(6, BS, event_log=log)  # small: the later prompts evict the first
+    prompts = [[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 7, 7], [8, 8, 1, 2], [1, 2, 9, 9, 9, 9]]
+    packed, listed = PrefixIndex(seed), PrefixIndex(seed)
+    kinds = []
+    for tokens in prompts:
+        run_prompt(pool, tokens)
+        for record in log.drain():
+            kinds.append(type(record.event).__name__)
+            assert packed.apply("w0", over_the_wire(record, True)).status is ApplyStatus.APPLIED
+            assert listed.apply("w0", over_the_wire(record, False)).status is ApplyStatus.APPLIED
+
+    assert kinds == [*["BlockStored"] * 6, "BlockRemoved", "BlockStored", "BlockStored"]
+    # The pool held 6 blocks: [9, 9] [9, 9] evicted the least recent leaves [5, 6], [7, 7].
+    queries = [*prompts, [1, 2, 3, 4], [8, 8], [1, 2, 3, 4, 5, 6, 7, 7]]
+    expected = [{"w0": 2}, {"w0": 2}, {"w0": 2}, {"w0": 3}, {"w0": 2}, {"w0": 1}, {"w0": 2}]
+    assert [packed.find_matches(locals_of(q, seed)) for q in queries] == expected
+    assert [listed.find_matches(locals_of(q, seed)) for q in queries] == expected
+    assert (packed.num_blocks("w0"), packed.num_nodes()) == (6, 6)
+    assert (listed.num_blocks("w0"), listed.num_nodes()) == (6, 6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_packed_and_listed_events_agree_with_the_reference(data: st.DataObject) -> None:
+    seed = data.draw(st.sampled_from(SEEDS))
+    packed, listed, reference = PrefixIndex(seed), PrefixIndex(seed), Reference()
+    next_id: dict[str, int] = {}
+    for _ in range(data.draw(st.integers(1, 20))):
+        actor = data.draw(st.sampled_from(ACTORS))
+        event = draw_event(data, [SequenceHash(h) for h in reference.paths.get(actor, {})])
+        record = KVEventRecord(next_id.setdefault(actor, 1), event)
+        next_id[actor] += 1
+        packed.apply(actor, over_the_wire(record, packed=True))
+        listed.apply(actor, over_the_wire(record, packed=False))
+        reference.apply(actor, event, seed)
+
+        for held in reference.paths.values():
+            for path in held.values():
+                assert packed.find_matches(path) == listed.find_matches(path)
+                assert packed.find_matches(path) == reference.find_matches(path)
+        assert packed.num_nodes() == listed.num_nodes() == reference.num_nodes()

@@ -23,7 +23,9 @@ TOKENS = (1, 2, 3, 4, 5, 6)  # three blocks of BS=2
 
 
 def in_tier(event: BlockStored, tier: KVTier) -> BlockStored:
-    return BlockStored(event.block_hashes, event.parent_hash, event.token_ids, BS, tier)
+    return BlockStored.from_token_ids(
+        event.block_hashes, event.parent_hash, event.token_ids, BS, tier
+    )
 
 
 def test_a_device_event_reads_as_before_and_a_tier_travels() -> None:
@@ -33,7 +35,7 @@ def test_a_device_event_reads_as_before_and_a_tier_travels() -> None:
 
     host = in_tier(device, KVTier.HOST)
     assert host.to_dict()["tier"] == "host"
-    assert event_from_dict(json.loads(json.dumps(host.to_dict()))) == host
+    assert event_from_dict(json.loads(json.dumps(host.to_dict(packed=False)))) == host
     removed = BlockRemoved(device.block_hashes[:1], KVTier.DISK)
     assert removed.to_dict() == {
         "type": "removed",
@@ -56,7 +58,7 @@ def test_each_matched_block_counts_in_its_fastest_tier() -> None:
     feed.send("a", event)  # a: all three on the device
     feed.send("b", in_tier(event, KVTier.DISK))  # b: all three on disk...
     feed.send(
-        "b", BlockStored(event.block_hashes[:1], None, TOKENS[:2], BS)
+        "b", BlockStored.from_token_ids(event.block_hashes[:1], None, TOKENS[:2], BS)
     )  # ...first also on device
     feed.send("c", in_tier(event, KVTier.HOST))
 
@@ -110,7 +112,7 @@ def test_a_dump_lists_every_tier_with_parents_first() -> None:
         (h0, KVTier.HOST),
     ]
     index = PrefixIndex()
-    index.resync("a", KVCacheDump.from_dict(json.loads(json.dumps(dump.to_dict()))))
+    index.resync("a", KVCacheDump.from_dict(json.loads(json.dumps(dump.to_dict(packed=False)))))
     assert index.find_tiered_matches(locals_of(TOKENS)) == {
         "a": TierOverlap(device_blocks=1, host_blocks=1, disk_blocks=1)
     }

@@ -108,7 +108,9 @@ class KVCacheMirror:
             block = self._blocks[block_hash]
             emitted.add(block_hash)
             out.append(
-                BlockStored((block_hash,), block.parent, block.token_ids, len(block.token_ids))
+                BlockStored.from_token_ids(
+                    (block_hash,), block.parent, block.token_ids, len(block.token_ids)
+                )
             )
 
     def _translate(self, event: Any) -> KVEvent | None:
@@ -140,7 +142,7 @@ class KVCacheMirror:
             own = tokens[position * size : (position + 1) * size]
             self._blocks[seq_hash] = _CachedBlock(previous, own)
             previous = seq_hash
-        return BlockStored(hashes, parent, tokens, size)
+        return BlockStored.from_token_ids(hashes, parent, tokens, size)
 
 
 class KVEventSubscriber:

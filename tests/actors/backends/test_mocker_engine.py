@@ -218,7 +218,9 @@ def test_kv_events_report_the_stored_blocks(tokenizer: Any) -> None:
     # The prefill step's five blocks in one event (a block per event cost the router more
     # than the blocks themselves); the one decode step filled no block.
     assert [r.event_id for r in records] == [1]
-    assert records[0].event == BlockStored(tuple(expected), None, tuple(PROMPT[:20]), 4)
+    assert records[0].event == BlockStored.from_token_ids(
+        tuple(expected), None, tuple(PROMPT[:20]), 4
+    )
 
 
 def test_abort_frees_every_block(tokenizer: Any) -> None:

@@ -100,7 +100,9 @@ def test_stored_removed_and_cleared_arrive_as_ours(pipe: Pipe) -> None:
     events = pipe.receive(3)
 
     assert events == [
-        BlockStored((block_id(root), block_id(child)), None, tuple(range(100, 108)), BLOCK),
+        BlockStored.from_token_ids(
+            (block_id(root), block_id(child)), None, tuple(range(100, 108)), BLOCK
+        ),
         BlockRemoved((block_id(child),)),
         AllBlocksCleared(),
     ]
@@ -111,7 +113,7 @@ def test_offload_tiers_and_unknown_removals_are_skipped(pipe: Pipe) -> None:
     pipe.publish(vllm_events.BlockRemoved(block_hashes=[99], medium="GPU"))  # never stored
     pipe.publish(stored([12], None, first_token=0))
 
-    assert pipe.receive(1) == [BlockStored((12,), None, (0, 1, 2, 3), BLOCK)]
+    assert pipe.receive(1) == [BlockStored.from_token_ids((12,), None, (0, 1, 2, 3), BLOCK)]
     assert pipe.mirror.num_blocks == 1
 
 
@@ -140,5 +142,8 @@ def test_a_lost_batch_reports_the_cache_as_cleared(pipe: Pipe) -> None:
 
     pipe.publish(stored([2], 1, first_token=4))
 
-    assert pipe.receive(2) == [AllBlocksCleared(), BlockStored((2,), 1, (4, 5, 6, 7), BLOCK)]
+    assert pipe.receive(2) == [
+        AllBlocksCleared(),
+        BlockStored.from_token_ids((2,), 1, (4, 5, 6, 7), BLOCK),
+    ]
     assert [entry.block_hashes for entry in pipe.mirror.dump().stored] == []

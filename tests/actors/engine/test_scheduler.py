@@ -142,8 +142,12 @@ def test_blocks_are_hashed_once_per_request_and_cached_in_one_event() -> None:
     assert _plan(scheduler) == [("a", 3)]
     assert a.block_hashes == expected
     assert events.drain() == [
-        KVEventRecord(1, BlockStored((expected[0],), None, (1000, 1001, 1002, 1003), 4)),
-        KVEventRecord(2, BlockStored((expected[1],), expected[0], (1004, 1005, 1006, 1007), 4)),
+        KVEventRecord(
+            1, BlockStored.from_token_ids((expected[0],), None, (1000, 1001, 1002, 1003), 4)
+        ),
+        KVEventRecord(
+            2, BlockStored.from_token_ids((expected[1],), expected[0], (1004, 1005, 1006, 1007), 4)
+        ),
     ]
     scheduler.finish(a, FinishReason.ABORT)
 

@@ -211,7 +211,9 @@ def test_a_kv_cache_dump_survives_the_wire_and_garbage_is_refused() -> None:
     from dynask.kv.hashing import SequenceHash
     from dynask.kv.prefix_index import KVCacheDump
 
-    dump = KVCacheDump(3, (BlockStored((SequenceHash(2**64 - 1),), None, (1, 2), 2),))
+    dump = KVCacheDump(
+        3, (BlockStored.from_token_ids((SequenceHash(2**64 - 1),), None, (1, 2), 2),)
+    )
     assert unpack_kv_dump(pack_kv_dump(dump)) == dump
     with pytest.raises(ValueError, match="a KV cache dump must be a msgpack map, got list"):
         unpack_kv_dump(b"\x91\x01")

@@ -18,7 +18,9 @@ def index_with(holders: dict[str, KVTier]) -> PrefixIndex:
     index = PrefixIndex()
     event = stored(TOKENS)
     for actor, tier in holders.items():
-        tiered = BlockStored(event.block_hashes, None, event.token_ids, event.block_size, tier)
+        tiered = BlockStored.from_token_ids(
+            event.block_hashes, None, event.token_ids, event.block_size, tier
+        )
         index.apply(actor, KVEventRecord(1, tiered))
     return index
 

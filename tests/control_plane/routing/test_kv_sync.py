@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from dynask.actors.runtime.token_stream import pack_kv_dump
+import msgpack
+
+from dynask.actors.runtime.token_stream import KIND_KV_EVENTS, encode_frame, pack_kv_dump
 from dynask.control_plane.routing.kv_event_sync import ActorKVSync
 from dynask.kv.block_pool import BlockPool
 from dynask.kv.events import KVEventLog
@@ -177,5 +179,48 @@ def test_an_unreadable_frame_resyncs_and_closing_drops_everything() -> None:
         actor.store(B)
         sync.on_kv_events(actor.frame())
         assert matches(index, A, B) == [{}, {}] and index.actors() == []
+
+    asyncio.run(main())
+
+
+def carried(payload: list[dict[str, Any]]) -> Any:
+    """A ``KIND_KV_EVENTS`` frame's payload as a reader gets it off the stream."""
+    return msgpack.unpackb(encode_frame(KIND_KV_EVENTS, payload)[4:], raw=False)["d"]
+
+
+def test_packed_events_and_an_older_actors_listed_events_build_the_same_index() -> None:
+    """Issue 21: stored blocks' tokens travel packed (u32 bytes); an actor of an older
+    version sends them as lists of ints, in its events and its dump alike."""
+
+    async def main() -> None:
+        actor = FakeActor()
+        actor.store(A)  # served before the control planes connected: in their dumps
+        actor.frame()
+
+        async def listed_dump() -> bytes:
+            dump = KVCacheDump.from_block_pool(actor.pool, actor.log.last_event_id)
+            return bytes(msgpack.packb(dump.to_dict(packed=False), use_bin_type=True))
+
+        packed, listed = PrefixIndex(), PrefixIndex()
+        syncs = [ActorKVSync("a", packed, actor.dump), ActorKVSync("a", listed, listed_dump)]
+        for sync in syncs:
+            sync.start()
+            await sync.wait()
+        prompts = [A, B, C, A[:8] + C, list(range(500, 604))]  # the last: 26 blocks, evicting
+        for tokens in prompts[1:]:
+            actor.store(tokens)
+            records = actor.log.drain()
+            syncs[0].on_kv_events(carried([record.to_dict() for record in records]))
+            syncs[1].on_kv_events(carried([record.to_dict(packed=False) for record in records]))
+
+        # The last prompt's allocation took the oldest free blocks: A's three (so A and
+        # A[:8] + C match nothing); B, C and the last prompt's 26 blocks are held.
+        expected = [{}, {"a": 2}, {"a": 1}, {}, {"a": 26}]
+        assert matches(packed, *prompts) == matches(listed, *prompts) == expected
+        assert [index.num_blocks("a") for index in (packed, listed)] == [30, 30]  # 26 + 2 + 1 + 1
+        # 26 + 2 + 1, and the block after A[:8] held on (with the two nodes above it)
+        assert [index.num_nodes() for index in (packed, listed)] == [32, 32]
+        assert [index.expected_event_id("a") for index in (packed, listed)] == [35, 35]
+        assert [sync.resyncs for sync in syncs] == [1, 1]  # the starting dumps only
 
     asyncio.run(main())

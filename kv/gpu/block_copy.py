@@ -41,7 +41,8 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -280,7 +281,7 @@ def launch_blocks(
         return BlockCopy(None)
     ids = layout.checked_ids(src_ids, dst_ids)
     device = layout.fused_on
-    with torch.cuda.device(device), torch.cuda.stream(_copy_stream(device)):
+    with _on_copy_stream(device):
         if ids.size:
             src_starts, dst_starts = layout.starts_on(device)
             # Pinned (the host allocator's cache): the upload is queued, not waited for,
@@ -350,6 +351,21 @@ def _launch_on_current_stream(
 @cache
 def _copy_stream(device: torch.device) -> torch.cuda.Stream:
     return torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+
+
+@contextmanager
+def _on_copy_stream(device: torch.device) -> Iterator[None]:
+    """Makes ``device``'s copy stream (and so the device) current in this thread, and
+    the previous stream (and its device) again after: what ``torch.cuda.device`` and
+    ``torch.cuda.stream`` do together, with a few calls instead of their device-index
+    and stream lookups (prominent in the launch's profile on the H200 host,
+    ``bench/results/disagg-ipc-launch-h200.json``)."""
+    previous = torch.cuda.current_stream()
+    torch.cuda.set_stream(_copy_stream(device))  # sets the stream's device current too
+    try:
+        yield
+    finally:
+        torch.cuda.set_stream(previous)
 
 
 @cache

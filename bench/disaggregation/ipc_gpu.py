@@ -243,14 +243,19 @@ def main(argv: list[str] | None = None) -> None:
     for row in result["rows"]:
         rate = "" if row["GB/s"] is None else f"{row['GB/s']:>8.1f} {row['of_copy']:>8.0%}"
         print(f"{row['path']:<48} {row['s'] * 1e3:>8.3f} {rate}")
+    write_gpu_result(result, args.out)
+
+
+def write_gpu_result(result: dict[str, Any], out: Path) -> None:
+    """Writes ``result`` as JSON with the time, the GPU's name and torch's version."""
     result.update(
         timestamp=datetime.now(UTC).isoformat(timespec="seconds"),
         gpu=torch.cuda.get_device_name(),
         torch=torch.__version__,
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -23,18 +23,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bench.disaggregation.ipc_gpu import cache
+from bench.disaggregation.ipc_gpu import cache, write_gpu_result
 from dynask.kv import transfer_ipc
 from dynask.kv.gpu.block_copy import BlockCopy, BlockLayout, launch_blocks
 from dynask.kv.transfer import TransferId
@@ -218,14 +216,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{row['strategy']:<7} {row['blocks']:>6} {cells}")
     print(f"fused copy on the GPU (events): {result['gpu_copy_ms']} ms")
     print(f"copy_() of 1 GiB: {result['copy_1gib_ms']:.3f} ms")
-    result.update(
-        timestamp=datetime.now(UTC).isoformat(timespec="seconds"),
-        gpu=torch.cuda.get_device_name(),
-        torch=torch.__version__,
-    )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_gpu_result(result, args.out)
 
 
 if __name__ == "__main__":

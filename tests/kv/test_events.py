@@ -44,28 +44,20 @@ def test_event_dicts_have_type_key():
     assert AllBlocksCleared().to_dict() == {"type": "cleared"}
 
 
-@pytest.mark.parametrize(
-    "event",
-    [
-        stored(),
-        BlockStored.from_token_ids((H1,), parent_hash=None, token_ids=(5, 6), block_size=2),
-        BlockRemoved((H1, H2)),
-        AllBlocksCleared(),
-    ],
-)
+EVENTS = [
+    stored(),
+    BlockStored.from_token_ids((H1,), parent_hash=None, token_ids=(5, 6), block_size=2),
+    BlockRemoved((H1, H2)),
+    AllBlocksCleared(),
+]
+
+
+@pytest.mark.parametrize("event", EVENTS)
 def test_event_round_trips_through_json(event):
     assert event_from_dict(json.loads(json.dumps(event.to_dict(packed=False)))) == event
 
 
-@pytest.mark.parametrize(
-    "event",
-    [
-        stored(),
-        BlockStored.from_token_ids((H1,), parent_hash=None, token_ids=(5, 6), block_size=2),
-        BlockRemoved((H1, H2)),
-        AllBlocksCleared(),
-    ],
-)
+@pytest.mark.parametrize("event", EVENTS)
 @pytest.mark.parametrize("packed", [True, False])
 def test_event_round_trips_through_msgpack(event, packed):
     wire = msgpack.unpackb(msgpack.packb(event.to_dict(packed=packed), use_bin_type=True))

@@ -40,7 +40,7 @@ from dynask.control_plane.api.sampling.response_format import (
     sse_event,
 )
 from dynask.control_plane.api.sampling.sampling_support import check_sampling_support
-from dynask.control_plane.api.sse import TokenEventResponse
+from dynask.control_plane.api.sse import DONE_EVENT, FinalEvents, TokenEventResponse
 from dynask.control_plane.api.tools.tool_request import parse_tool_request
 from dynask.control_plane.serving.admitted_request import AdmittedRequest
 from dynask.control_plane.serving.errors import ServingError
@@ -275,21 +275,27 @@ async def _sse_events(
     started: float,
 ) -> AsyncIterator[bytes]:
     """Ready-made SSE events (bytes pass through sse-starlette untouched), one write per
-    batch of deltas that arrived together."""
+    batch of deltas that arrived together. The final batch (with its usage chunk) and
+    ``[DONE]`` go out as one ``FinalEvents``, with the end of the response: the requests'
+    generators end without waiting once the final delta is in, so it is not delayed."""
     for first in formatter.opening():
         yield sse_event(first)
+    final = b""
     try:
         async for outputs in tracked_outputs(service, admitted, started):
             events = [formatter.chunk_event(output) for output in outputs]
             last = outputs[-1]
             if last.finished and include_usage and last.usage is not None:
                 events.append(sse_event(formatter.usage_chunk(last.usage)))
-            yield b"".join(events)
+            if last.finished:
+                final = b"".join(events)
+            else:
+                yield b"".join(events)
     except APIError as exc:  # the status line is sent already: report it in the stream
-        yield sse_event(exc.body())
+        final += sse_event(exc.body())
     except ServingError as exc:
-        yield sse_event(from_serving(exc).body())
+        final += sse_event(from_serving(exc).body())
     except Exception as exc:  # the same for a failure of ours: an error event, then [DONE]
         log.exception("stream %s failed after it started", admitted.prepared.request_id)
-        yield sse_event(internal_error(exc).body())
-    yield b"data: [DONE]\n\n"
+        final += sse_event(internal_error(exc).body())
+    yield FinalEvents(final + DONE_EVENT)

@@ -28,15 +28,22 @@ class StreamProgress:
     def release(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
         """The deltas that may go to the client now (through the last one that carries
         text, or the final one); the rest wait for the next call."""
-        self.held.extend(outputs)
+        if not self.held and outputs and (outputs[-1].text or outputs[-1].finished):
+            out = outputs  # the common case, once per streamed token: nothing is held back
+        else:
+            self.held.extend(outputs)
+            out = self._releasable()
+        for output in out:
+            self.sent.extend(output.token_ids)
+            self.text.append(output.text)
+        return out
+
+    def _releasable(self) -> list[RequestOutput]:
         cut = max(
             (i + 1 for i, output in enumerate(self.held) if output.text or output.finished),
             default=0,
         )
         out, self.held = self.held[:cut], self.held[cut:]
-        for output in out:
-            self.sent.extend(output.token_ids)
-            self.text.append(output.text)
         return out
 
     def drop_held(self) -> None:

@@ -27,7 +27,7 @@ from dynask.control_plane.api.sampling.response_format import (
     sse_event,
     summed_usage,
 )
-from dynask.control_plane.api.sse import TokenEventResponse
+from dynask.control_plane.api.sse import DONE_EVENT, FinalEvents, TokenEventResponse
 from dynask.control_plane.serving.choices import (
     Follow,
     PromptChoices,
@@ -131,23 +131,28 @@ async def _events(
     for first in formatter.opening(range(total)):
         yield sse_event(first)
     finals: dict[int, RequestOutput] = {}
+    final = b""  # the last batch and [DONE]: one write, with the end of the response
     try:
         async for batch in stream_choices(groups, follow):
             events = [formatter.chunk_event(output, index) for index, output in batch]
             finals.update((index, output) for index, output in batch if output.finished)
-            if include_usage and len(finals) == total and batch[-1][1].finished:
+            done = len(finals) == total and batch[-1][1].finished
+            if include_usage and done:
                 usage = summed_usage([finals[i] for i in range(total)], _first_of_prompt(groups))
                 if usage is not None:
                     events.append(sse_event(formatter.usage_chunk(usage)))
-            yield b"".join(events)
+            if done:
+                final = b"".join(events)
+            else:
+                yield b"".join(events)
     except APIError as exc:  # the status line is sent already: report it in the stream
-        yield sse_event(exc.body())
+        final += sse_event(exc.body())
     except ServingError as exc:
-        yield sse_event(from_serving(exc).body())
+        final += sse_event(from_serving(exc).body())
     except Exception as exc:  # the same for a failure of ours: an error event, then [DONE]
         log.exception("stream of %d choices failed after it started", total)
-        yield sse_event(internal_error(exc).body())
-    yield b"data: [DONE]\n\n"
+        final += sse_event(internal_error(exc).body())
+    yield FinalEvents(final + DONE_EVENT)
 
 
 def _refuse_more_than_fit(service: ServingService, parsed: GenerationRequest, prompts: int) -> None:

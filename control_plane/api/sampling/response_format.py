@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from json.encoder import encode_basestring_ascii  # json.dumps(str)'s own encoder
 from typing import Any
 
 from dynask.actors.api.outputs import RequestOutput, Usage
@@ -107,7 +108,7 @@ class ResponseFormat:
             whole = json.dumps(self.chunk(plain, index), separators=(",", ":"))
             head, tail = whole.split(json.dumps(marker))
             template = self._templates[index] = (b"data: " + head.encode(), tail.encode() + b"\n\n")
-        return template[0] + json.dumps(output.text).encode() + template[1]
+        return template[0] + encode_basestring_ascii(output.text).encode() + template[1]
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         return {**self._envelope(self.object_chunk, []), "usage": usage_dict(usage)}

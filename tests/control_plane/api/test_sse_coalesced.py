@@ -5,14 +5,10 @@ client as separate, complete chunks; and the hot path's event bytes, exactly (is
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 
 import openai
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -22,6 +18,7 @@ from dynask.actors.api.outputs import FinishReason, RequestOutput, Usage
 from dynask.control_plane.api.sampling.logprobs_format import TokenTexts
 from dynask.control_plane.api.sampling.response_format import ChatFormat, sse_event
 from dynask.control_plane.api.sse import DONE_EVENT, FinalEvents, TokenEventResponse
+from tests.control_plane.api.threaded_server import served_in_thread
 
 RID = "chatcmpl-1"
 TEXTS = ["Ca", "fé ", '"龘"\n']
@@ -66,19 +63,9 @@ async def _coalesced(_: Request) -> Response:
 
 @pytest.fixture(scope="module")
 def base_url() -> Iterator[str]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     app = Starlette(routes=[Route("/v1/chat/completions", _coalesced, methods=["POST"])])
-    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}/v1"
-    server.should_exit = True
-    thread.join(5)
+    with served_in_thread(app) as base:
+        yield f"{base}/v1"
 
 
 def test_coalesced_events_reach_the_openai_client_as_separate_chunks(base_url: str) -> None:

@@ -4,20 +4,18 @@ stream, and a client disconnect that closes the body iterator (so its request is
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from dynask.control_plane.api.sse import TokenEventResponse
+from tests.control_plane.api.threaded_server import served_in_thread
 
 closed = threading.Event()
 
@@ -38,19 +36,9 @@ async def _stream(request: Request) -> Response:
 
 @pytest.fixture(scope="module")
 def base_url() -> Iterator[str]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     app = Starlette(routes=[Route("/stream", _stream, methods=["GET", "POST"])])
-    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(5)
+    with served_in_thread(app) as base:
+        yield base
 
 
 def test_events_arrive_in_order_with_sse_headers(base_url: str) -> None:

@@ -17,7 +17,9 @@ Design decisions:
   memory) and ``ucxx`` (``kv.transfer_ucxx``; CPU tensors as zero-copy numpy views,
   CUDA tensors as device buffers) move one tensor into a receiver's tensor;
   ``cuda_ipc`` (``kv.transfer_ipc``, a ``BlockTransport``) copies blocks on one host
-  device to device, straight into the receiver's reserved paged blocks.
+  device to device, straight into the receiver's reserved paged blocks, and ``ucxx``
+  between engines with paged caches (``kv.transfer_ucxx_blocks``) receives straight
+  into them too, across hosts; both share ``kv.block_transport``'s control protocol.
   ``make_transport`` picks one by name.
 - Nothing here knows about Dask or the engine: an actor owns a transport and drives it
   from its event loop.
@@ -28,7 +30,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NewType, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NewType, Protocol, runtime_checkable
 
 import msgpack
 
@@ -119,6 +121,7 @@ class BlockClaim:
     transfer_id: TransferId
     block_ids: list[int]  # the receiver's blocks, in the order the sender's are written
     connection: object = field(repr=False)  # the transport's own handle on the receiver
+    extras: tuple[Any, ...] = ()  # what else the receiver answered (a transport's own)
 
 
 @runtime_checkable
@@ -244,12 +247,18 @@ def make_tensor_transport(kind: str) -> KVTransport:
     return transport
 
 
-def make_transport(kind: str) -> KVTransport | BlockTransport:
-    """A transport by name (``tcp``, ``ucxx``, ``cuda_ipc``); ``ValueError`` names the choices."""
+def make_transport(kind: str, *, paged_cache: bool = False) -> KVTransport | BlockTransport:
+    """A transport by name (``tcp``, ``ucxx``, ``cuda_ipc``); ``ValueError`` names the
+    choices. With ``paged_cache`` (an engine whose blocks live in paged cache tensors),
+    ``ucxx`` receives straight into the reserved blocks (``kv.transfer_ucxx_blocks``)."""
     if kind == "tcp":
         from dynask.kv.transfer_tcp import TCPTransport
 
         return TCPTransport()
+    if kind == "ucxx" and paged_cache:
+        from dynask.kv.transfer_ucxx_blocks import UCXXBlockTransport
+
+        return UCXXBlockTransport()
     if kind == "ucxx":
         from dynask.kv.transfer_ucxx import UCXXTransport
 

@@ -17,6 +17,7 @@ of a core).
 from __future__ import annotations
 
 import asyncio
+import os
 import struct
 from typing import Any
 
@@ -35,7 +36,15 @@ _LENGTH = struct.Struct(">I")
 _FRAME_BYTES = _LENGTH.size + MAX_HEADER_BYTES
 
 
-def _ucxx() -> Any:
+def ucxx_module() -> Any:
+    """The ``ucxx`` module; ``ValueError`` saying how to install it.
+
+    UCX's memory-event hooks (UCM patching CUDA's allocation calls) are turned off unless
+    the environment says otherwise: on the H200 (torch 2.11, UCX 1.21) every process that
+    held torch CUDA memory died with SIGSEGV on its first UCX send with them on, and wrote
+    correctly with ``UCX_MEM_EVENTS=no`` (``bench/disaggregation/ucxx_probe.py``). UCX
+    then cannot see frees; the paged caches it moves live as long as their engine."""
+    os.environ.setdefault("UCX_MEM_EVENTS", "no")  # read when UCX's context is created
     try:
         import ucxx
     except ImportError as exc:
@@ -60,7 +69,7 @@ class UCXXTransport:
 
     def __init__(self) -> None:
         self.expectations = Expectations()
-        self._ucxx = _ucxx()
+        self._ucxx = ucxx_module()
         self._listener: Any = None
         self._endpoints: dict[str, tuple[Any, asyncio.Lock]] = {}
         self._handlers: set[Any] = set()

@@ -42,12 +42,18 @@ class KVTransferMethods:
         if self._kv_transfer is not None:
             return str(self._kv_transfer.address)
         from dynask.actors.runtime.engine_actor import _worker_host
-        from dynask.actors.runtime.kv_transfer_service import KVTransferService, as_llm_engine
+        from dynask.actors.runtime.kv_transfer_service import (
+            KVTransferService,
+            as_llm_engine,
+            has_paged_cache,
+        )
         from dynask.kv.transfer import make_transport
 
         engine = as_llm_engine(self._running(), self.name, self.spec.kind)
 
-        service = KVTransferService(engine, make_transport(transport))
+        service = KVTransferService(
+            engine, make_transport(transport, paged_cache=has_paged_cache(engine))
+        )
         address = await service.start(host or _worker_host())
         self._kv_transfer = service
         return address

@@ -17,8 +17,9 @@ Design decisions:
   blocks, exports only the ones the decode actor lacks, unpins them and sends.
 - Calls that take the engine's step lock run in a thread: an engine step can hold it
   for a whole forward pass, and the worker's event loop must not wait for that.
-- A block transport (``cuda_ipc``: GPU engines of one host) writes the prefill engine's
-  blocks straight into the decode engine's reserved ones, device to device: the decode
+- A block transport (``cuda_ipc``: GPU engines of one host; ``ucxx`` between engines
+  with paged caches) writes the prefill engine's blocks straight into the decode
+  engine's reserved ones (device to device on GPUs): the decode
   actor shares its paged cache once and expects block ids instead of a staging tensor;
   the prefill actor copies while its blocks are pinned. It claims the destination
   blocks while its prefill runs (the transport's ``begin`` round trip, off the request's
@@ -333,6 +334,11 @@ class KVTransferService:
         await self.transport.close()
         tasks = [p.task for p in self._pending.values() if p.task is not None]
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def has_paged_cache(engine: LLMEngine) -> bool:
+    """The engine keeps its KV in paged cache tensors (the built-in torch engine)."""
+    return getattr(engine.parts.runner, "kv_caches", None) is not None
 
 
 def paged_caches(engine: LLMEngine, transport: str) -> list[torch.Tensor]:

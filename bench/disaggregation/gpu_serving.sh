@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Issue 20's H200 run (one GPU), as sent through the device tool from the repository root:
-#   bash bench/disaggregation/gpu_serving.sh [tests,ipc,workers,stack,offload,mix]
-#   (default: all, in order)
+#   bash bench/disaggregation/gpu_serving.sh [tests,ipc,workers,stack,offload,mix,ucxx]
+#   (default: all but ucxx, in order)
 # Needs the ignored folder .devcarry/ (whl/: dask, distributed, starlette, ... wheels;
-# tokenizer/: SmolLM2's files; see bench/README.md). Logs and JSON go to $OUT and the JSON
+# tokenizer/: SmolLM2's files; see bench/README.md; for `ucxx` also ucx-site.tar.xz, made
+# by bench/disaggregation/make_ucx_carry.sh). Logs and JSON go to $OUT and the JSON
 # also to bench/results/.
 set -uo pipefail
 what=${1:-tests,ipc,workers,stack,offload,mix}
@@ -46,6 +47,28 @@ run_mix() {
     for f in /tmp/dynask-gpu-mix/*.log; do
         echo "== $f"; grep -m 20 -E "remote prefill|Error|Traceback" "$f"; tail -n 15 "$f"
     done > "$OUT/mix-servers.log" 2>/dev/null
+}
+ucx_site() {  # unpacks the CUDA 13 UCXX wheels once, puts them on PYTHONPATH
+    [ -d /tmp/ucx-site/ucxx ] || { mkdir -p /tmp/ucx-site \
+        && tar -C /tmp/ucx-site -xJf .devcarry/ucx-site.tar.xz; } || return 1
+    export PYTHONPATH=$PYTHONPATH:/tmp/ucx-site UCX_WARN_UNUSED_ENV_VARS=n
+}
+run_ucxx_probe() {  # which set-up a ucxx write between two GPU processes survives
+    ucx_site || return 1
+    timeout 400 python3 -m bench.disaggregation.ucxx_probe 2>&1 | tee "$OUT/ucxx-probe.log"
+}
+run_ucxx() {  # UCXX for CUDA 13: the CUDA tests, the transfer rate, the stack over it
+    ucx_site || return 1
+    python3 -c 'import ucxx; print("ucxx", ucxx.__version__, "UCX", ucxx.get_ucx_version())' \
+        2>&1 | tee "$OUT/ucxx-tests.log"
+    timeout 150 python3 -m pytest -q -s -p no:cacheprovider --durations=5 \
+        tests/kv/test_transfer_ipc_cuda.py tests/kv/test_block_transports.py \
+        tests/kv/test_transfer_ucxx_blocks.py 2>&1 | tee -a "$OUT/ucxx-tests.log"
+    timeout 200 python3 -m bench.disaggregation.ipc_gpu --transport ucxx \
+        --repeats ${UCXX_REPEATS:-10} 2>&1 | tee "$OUT/ucxx-rate.log"
+    cp bench/results/disagg-ucxx-h200.json "$OUT/" 2>/dev/null
+    KV_TRANSPORT=ucxx timeout 170 bash bench/disaggregation/ipc_stack_check.sh 2>&1 \
+        | tee "$OUT/ucxx-stack.log"
 }
 run_offload() {
     timeout ${OFFLOAD_TIMEOUT:-160} python3 -m bench.offload.e2e_gpu --tokenizer .devcarry/tokenizer 2>&1 | grep -v '^\s*$' \

@@ -18,6 +18,10 @@ Each figure is the median of ``--repeats`` runs after a warm-up; a transfer's ti
 includes its control messages, the rows' trip to the device and the wait for the copy.
 Rates are bytes moved / time.
 
+With ``--transport ucxx`` the same transfers go over ``kv.transfer_ucxx_blocks`` (UCX's
+own path between the two processes' CUDA memory, received straight into the reserved
+blocks), labelled "UCXX", written to ``disagg-ucxx-h200.json``.
+
     python -m bench.disaggregation.ipc_gpu          # on the H200 (gpu_serving.sh runs it)
 """
 
@@ -36,6 +40,7 @@ from typing import Any
 
 import torch
 
+from dynask.kv.block_transport import ControlledBlockTransport
 from dynask.kv.gpu.block_copy import (
     BlockLayout,
     block_runs,
@@ -45,10 +50,11 @@ from dynask.kv.gpu.block_copy import (
     launch_blocks,
     row_table,
 )
-from dynask.kv.transfer import TransferId
-from dynask.kv.transfer_ipc import IPCTransport
+from dynask.kv.transfer import TransferId, make_transport
 
-DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "disagg-ipc-h200.json"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+OUTS = {"cuda_ipc": RESULTS / "disagg-ipc-h200.json", "ucxx": RESULTS / "disagg-ucxx-h200.json"}
+LABELS = {"cuda_ipc": "CUDA IPC", "ucxx": "UCXX"}
 LAYERS, BLOCK = 32, (16, 8, 128)
 
 
@@ -75,8 +81,14 @@ def plans(args: argparse.Namespace) -> dict[str, tuple[list[int], list[int]]]:
     return out
 
 
+def block_transport(kind: str) -> ControlledBlockTransport:
+    made = make_transport(kind, paged_cache=True)
+    assert isinstance(made, ControlledBlockTransport)
+    return made
+
+
 async def serve(args: argparse.Namespace) -> None:
-    receiver = IPCTransport()
+    receiver = block_transport(args.transport)
     receiver.share(cache(args.cache_blocks))
     address = await receiver.listen("127.0.0.1")
     futures = [
@@ -88,8 +100,10 @@ async def serve(args: argparse.Namespace) -> None:
     await receiver.close()
 
 
-def short_case(path: str) -> str:
+def short_case(path: str, label: str = "CUDA IPC") -> str:
     """The row's label in the PNG (``bench.common.plots`` labels rows by short strings)."""
+    short_label = "IPC" if label == "CUDA IPC" else label
+    path = path.replace(label, "CUDA IPC")  # the table below is written for CUDA IPC
     for long, short in (
         ("device copy_() of one tensor", "copy_ one tensor"),
         ("CUDA IPC, one block", "IPC one block"),
@@ -104,6 +118,7 @@ def short_case(path: str) -> str:
         ("row_table only, ", "table "),
     ):
         if path.startswith(long):
+            short = short.replace("IPC", short_label, 1)
             return (short + path[len(long) :].split(" (")[0])[:24]
     return path[:24]
 
@@ -120,12 +135,14 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     receiver = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bench.disaggregation.ipc_gpu", "--serve",
         "--blocks", str(args.blocks), "--cache-blocks", str(args.cache_blocks),
-        "--repeats", str(args.repeats), stdout=asyncio.subprocess.PIPE,
+        "--repeats", str(args.repeats), "--transport", args.transport,
+        stdout=asyncio.subprocess.PIPE,
     )  # fmt: skip
     assert receiver.stdout is not None
     address = (await receiver.stdout.readline()).decode().strip()
     source = cache(args.cache_blocks)
-    sender = IPCTransport()
+    sender = block_transport(args.transport)
+    label = LABELS[args.transport]
     times: dict[str, list[float]] = {
         "one": [], "contiguous": [], "claimed": [], "scattered": [], "gone": []
     }  # fmt: skip
@@ -178,13 +195,11 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     rows: list[dict[str, Any]] = [{"path": "device copy_() of one tensor", "s": d2d}]
     for kind in ("contiguous", "scattered"):
         runs = len(block_runs(*plan[f"{kind}-1"]))
-        rows.append(
-            {"path": f"CUDA IPC, {kind} ({runs} runs)", "s": statistics.median(times[kind])}
-        )
+        rows.append({"path": f"{label}, {kind} ({runs} runs)", "s": statistics.median(times[kind])})
         if kind == "contiguous":
             rows.append(
                 {
-                    "path": f"CUDA IPC, contiguous ({runs} runs), claimed ahead",
+                    "path": f"{label}, contiguous ({runs} runs), claimed ahead",
                     "s": statistics.median(times["claimed"]),
                 }
             )
@@ -194,8 +209,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         row["GB/s"] = nbytes / row["s"] / 1e9
         row["of_copy"] = d2d / row["s"]
     # Fixed costs, no rate: one block over IPC; planning the table on the CPU.
-    rows.append({"path": "CUDA IPC, one block", "s": statistics.median(times["one"])})
-    rows.append({"path": "CUDA IPC, begin -> gone", "s": statistics.median(times["gone"])})
+    rows.append({"path": f"{label}, one block", "s": statistics.median(times["one"])})
+    rows.append({"path": f"{label}, begin -> gone", "s": statistics.median(times["gone"])})
     rows.append({"path": "in-process one block: launch_blocks returns", "s": queued})
     rows.append({"path": "in-process one block: + event wait in a thread", "s": waited})
     for kind in ("contiguous", "scattered"):
@@ -204,8 +219,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         )
     for row in rows:
         row.setdefault("GB/s", None)
-        row["case"] = short_case(row["path"])
-    return {"bytes": nbytes, "blocks": args.blocks, "rows": rows}
+        row["case"] = short_case(row["path"], label)
+    return {"bytes": nbytes, "blocks": args.blocks, "transport": args.transport, "rows": rows}
 
 
 async def one_block_in_process(
@@ -232,8 +247,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--blocks", type=int, default=512)
     parser.add_argument("--cache-blocks", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--transport", choices=sorted(OUTS), default="cuda_ipc")
+    parser.add_argument("--out", type=Path, default=None, help="default: by transport")
     args = parser.parse_args(argv)
+    args.out = args.out or OUTS[args.transport]
     if args.serve:
         asyncio.run(serve(args))
         return

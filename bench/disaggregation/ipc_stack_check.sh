@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One GPU, a tiny random Llama: `dynask run` prefill + decode over cuda_ipc, then the same
+# One GPU, a tiny random Llama: `dynask run` prefill + decode over cuda_ipc (or
+# KV_TRANSPORT=ucxx, whose wheels gpu_serving.sh's `ucxx` part unpacks), then the same
 # model aggregated (one engine); the same greedy prompts through both: the texts must be
 # equal, and the disaggregated run must have moved KV blocks (its /metrics). Prints every
 # fallback's reason from the server log.
@@ -11,7 +12,7 @@ mkdir -p "$OUT" /tmp/ipc-check
     --no-cache-dir --target /tmp/site .devcarry/whl/*.whl || exit 1
 mkdir -p /tmp/ns/dynask
 for d in kv actors control_plane web migrations; do ln -sfn "$PWD/$d" /tmp/ns/dynask/$d; done
-export PYTHONPATH=/tmp/ns:$PWD:/tmp/site PYTHONUNBUFFERED=1 DYNASK_CACHE_DIR=/tmp/dynask-cache
+export PYTHONPATH=/tmp/ns:$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 DYNASK_CACHE_DIR=/tmp/dynask-cache
 python3 -c 'from pathlib import Path; from bench.serving.gpu_stack import save_random_model
 save_random_model(Path("/tmp/ipc-check/model"), Path(".devcarry/tokenizer"), "llama-tiny")'
 
@@ -47,7 +48,7 @@ PY
     kill $server; wait $server 2>/dev/null; sleep 2
 }
 
-serve disagg --prefill-workers 1 --decode-workers 1 --engines-per-gpu 2 --kv-transport cuda_ipc
+serve disagg --prefill-workers 1 --decode-workers 1 --engines-per-gpu 2 --kv-transport "${KV_TRANSPORT:-cuda_ipc}"
 serve agg --workers 1
 for name in disagg agg; do tail -n 30 "/tmp/ipc-check/$name.log" > "$OUT/ipc-$name-server.log"; done
 python3 -c 'import json; a, d = (json.load(open(f"/tmp/ipc-check/{m}.json")) for m in ("agg", "disagg"))

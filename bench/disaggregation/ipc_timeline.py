@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from bench.disaggregation.ipc_gpu import cache, write_gpu_result
-from dynask.kv import transfer_ipc
+from dynask.kv import block_transport, transfer_ipc
 from dynask.kv.gpu.block_copy import BlockCopy, BlockLayout, launch_blocks
 from dynask.kv.transfer import TransferId
 from dynask.kv.transfer_ipc import IPCTransport
@@ -91,7 +91,7 @@ class Stamps:
 
     def __init__(self) -> None:
         self.marks: list[tuple[str, float]] = []
-        original_ask, original_write = transfer_ipc._ask, transfer_ipc._write
+        original_ask, original_write = block_transport._ask, block_transport._write
         original_launch = launch_blocks  # what kv.transfer_ipc launches with
 
         async def ask(peer: Any, message: list[Any]) -> list[Any]:
@@ -111,7 +111,7 @@ class Stamps:
             if message[0] == "done":
                 self.marks.append(("done sent", time.perf_counter()))
 
-        transfer_ipc._ask, transfer_ipc._write = ask, write  # type: ignore[assignment]
+        block_transport._ask, block_transport._write = ask, write  # type: ignore[assignment]
         setattr(transfer_ipc, "launch_blocks", launch)  # noqa: B010 (mypy: not re-exported)
 
 

@@ -1,8 +1,10 @@
-"""The cuda_ipc transport on a GPU: a second process copies its CUDA blocks straight into
-this process's reserved CUDA blocks (CUDA IPC handles of the paged cache); the first
-transfer opens the handles in a thread, the second is launched on the sender's event
-loop with the layout kept from the first. Runs on the
-H200 (``bench/disaggregation/gpu_serving.sh``); a machine without CUDA cannot run it.
+"""The block transports on a GPU: a second process writes its CUDA blocks straight into
+this process's reserved CUDA blocks. ``cuda_ipc``: CUDA IPC handles of the paged cache;
+the first transfer opens the handles in a thread, the second is launched on the
+sender's event loop with the layout kept from the first. ``ucxx``: UCX moves each run
+of blocks into the posted slice of the cache (the fragmented plan is gathered on the
+sender first). Runs on the H200 (``bench/disaggregation/gpu_serving.sh``, which unpacks
+the CUDA 13 UCXX wheels); a machine without CUDA cannot run it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 
 from dynask.kv.gpu.block_copy import MAX_RUNS_AS_SLICES
 from dynask.kv.transfer import TransferId
-from dynask.kv.transfer_ipc import IPCTransport
+from tests.kv.test_block_transports import KINDS, transport
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -38,22 +40,23 @@ def cuda_caches(num_blocks: int, seed: int | None) -> list[torch.Tensor]:
 SENDER = textwrap.dedent(
     """
     import asyncio, json, sys
-    from dynask.kv.transfer_ipc import IPCTransport
+    from tests.kv.test_block_transports import transport
     from tests.kv.test_transfer_ipc_cuda import cuda_caches
 
     async def main():
-        transport = IPCTransport()
+        sender = transport(sys.argv[3])
         source = cuda_caches(512, seed=3)
         for transfer_id, ids in json.loads(sys.argv[2]).items():
-            assert await transport.send_blocks(sys.argv[1], transfer_id, source, ids)
-        await transport.close()
+            assert await sender.send_blocks(sys.argv[1], transfer_id, source, ids)
+        await sender.close()
 
     asyncio.run(main())
     """
 )
 
 
-def test_a_second_process_copies_cuda_blocks_into_the_reserved_ones() -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_second_process_copies_cuda_blocks_into_the_reserved_ones(kind: str) -> None:
     import json
 
     contiguous_src, contiguous_dst = list(range(0, 100)), list(range(300, 400))
@@ -62,7 +65,7 @@ def test_a_second_process_copies_cuda_blocks_into_the_reserved_ones() -> None:
     plan = {"contiguous": contiguous_src, "fragmented": fragmented_src}
 
     async def main() -> list[torch.Tensor]:
-        receiver = IPCTransport()
+        receiver = transport(kind)
         mine = cuda_caches(512, seed=None)
         receiver.share(mine)
         address = await receiver.listen("127.0.0.1")
@@ -71,7 +74,7 @@ def test_a_second_process_copies_cuda_blocks_into_the_reserved_ones() -> None:
             receiver.expect_blocks(TransferId("fragmented"), fragmented_dst),
         ]
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", SENDER, address, json.dumps(plan)
+            sys.executable, "-c", SENDER, address, json.dumps(plan), kind
         )
         assert await process.wait() == 0
         await asyncio.wait_for(asyncio.gather(*futures), 30)
@@ -86,4 +89,4 @@ def test_a_second_process_copies_cuda_blocks_into_the_reserved_ones() -> None:
         assert torch.equal(mine[fragmented_dst], theirs[fragmented_src])
         rest = [i for i in range(512) if i not in written]
         assert bool((mine[rest] == -1).all())
-    print(f"CUDA IPC: {len(written)} blocks x 4 tensors equal the source, the rest untouched")
+    print(f"{kind}: {len(written)} blocks x 4 tensors equal the source, the rest untouched")

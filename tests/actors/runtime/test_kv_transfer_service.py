@@ -26,8 +26,8 @@ from dynask.actors.backends.mocker import MockerConfig, build_mocker_engine
 from dynask.actors.engine.engine import LLMEngine
 from dynask.actors.engine.kv_handoff import movable_blocks
 from dynask.actors.models.tokenizer_folder import load_tokenizer
-from dynask.actors.runtime.kv_transfer_service import KVTransferService
-from dynask.kv.transfer import TransferError, TransferHeader, make_transport
+from dynask.actors.runtime.kv_transfer_service import KVTransferService, has_paged_cache
+from dynask.kv.transfer import BlockTransport, TransferError, TransferHeader, make_transport
 from tests.actors.engine.helpers import TEST_DEVICE, prompts_of_lengths
 from tests.system_tools import require_module
 
@@ -38,8 +38,13 @@ GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 async def pair(
     prefill_engine: LLMEngine, decode_engine: LLMEngine, kind: str = "tcp"
 ) -> AsyncIterator[tuple[KVTransferService, KVTransferService]]:
-    prefill = KVTransferService(prefill_engine, make_transport(kind))
-    decode = KVTransferService(decode_engine, make_transport(kind))
+    """The transports the actors make: ``ucxx`` between built-in engines writes blocks."""
+    if kind == "ucxx":
+        require_module("ucxx", "ucxx-cu12")
+    prefill, decode = (
+        KVTransferService(engine, make_transport(kind, paged_cache=has_paged_cache(engine)))
+        for engine in (prefill_engine, decode_engine)
+    )
     await prefill.start("127.0.0.1")
     await decode.start("127.0.0.1")
     try:
@@ -107,6 +112,7 @@ def test_greedy_output_equals_aggregated_for_concurrent_requests(
                     for i, prompt in enumerate(prompts)
                 )
             )
+            assert isinstance(decode.transport, BlockTransport) == (kind != "tcp")
             moved = sum(movable_blocks(len(p), 8) for p in prompts)
             assert decode.stats()["blocks_received"] == prefill.stats()["blocks_sent"] == moved
             assert decode.stats()["pending_imports"] == 0

@@ -1,36 +1,43 @@
-"""Disaggregated prefill over the cuda_ipc block transport (shared memory on a CPU): the
-fallbacks of the TCP path hold when the KV is written straight into reserved blocks."""
+"""Disaggregated prefill over the block transports (``cuda_ipc`` in shared memory on a CPU,
+``ucxx`` over UCX's TCP): the fallbacks of the TCP path hold when the KV is written
+straight into reserved blocks."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
+import pytest
+
 from dynask.actors.engine.engine import LLMEngine
-from dynask.kv.transfer_ipc import IPCTransport
 from tests.actors.engine.helpers import prompts_of_lengths
 from tests.actors.runtime.test_kv_transfer_service import GREEDY, all_blocks_free, pair
+from tests.kv.test_block_transports import KINDS, transport
 
 
+@pytest.mark.parametrize("kind", KINDS)
 def test_kv_that_never_comes_times_out_into_a_local_prefill(
-    llama_engines: list[LLMEngine],
+    llama_engines: list[LLMEngine], kind: str
 ) -> None:
     aggregated_engine, prefill_engine, decode_engine = llama_engines
-    prompt = prompts_of_lengths([45], seed=11)[0]
+    prompt = prompts_of_lengths([45], seed=11 + 100 * KINDS.index(kind))[0]
     expected = aggregated_engine.generate([prompt], GREEDY)[0].token_ids
 
     async def main() -> tuple[list[int], dict[str, int]]:
-        async with pair(prefill_engine, decode_engine, "cuda_ipc") as (_, decode):
+        async with pair(prefill_engine, decode_engine, kind) as (_, decode):
             outputs: asyncio.Queue[Any] = asyncio.Queue()
             loop = asyncio.get_running_loop()
 
             def listen(batch: list[Any]) -> None:
                 for output in batch:
-                    if output.request_id == "slow":
+                    if output.request_id == f"slow-{kind}":
                         loop.call_soon_threadsafe(outputs.put_nowait, output)
 
             decode.engine.add_output_listener(listen)
-            assert await decode.prepare_import("slow", prompt, GREEDY, timeout_s=0.2) is not None
+            assert (
+                await decode.prepare_import(f"slow-{kind}", prompt, GREEDY, timeout_s=0.2)
+                is not None
+            )
             tokens: list[int] = []
             while not (output := await asyncio.wait_for(outputs.get(), 30)).finished:
                 tokens += list(output.token_ids)
@@ -41,17 +48,18 @@ def test_kv_that_never_comes_times_out_into_a_local_prefill(
     assert all_blocks_free(decode_engine)
 
 
+@pytest.mark.parametrize("kind", KINDS)
 def test_client_gone_during_transfer_writes_nothing_and_frees_both_sides(
-    llama_engines: list[LLMEngine],
+    llama_engines: list[LLMEngine], kind: str
 ) -> None:
     _, prefill_engine, decode_engine = llama_engines
-    prompt = prompts_of_lengths([41], seed=12)[0]
+    prompt = prompts_of_lengths([41], seed=12 + 100 * KINDS.index(kind))[0]
 
     async def main() -> tuple[int, dict[str, int], dict[str, int]]:
-        async with pair(prefill_engine, decode_engine, "cuda_ipc") as (prefill, decode):
-            ticket = await decode.prepare_import("gone", prompt, GREEDY, timeout_s=30)
+        async with pair(prefill_engine, decode_engine, kind) as (prefill, decode):
+            ticket = await decode.prepare_import(f"gone-{kind}", prompt, GREEDY, timeout_s=30)
             assert ticket is not None
-            decode.abort_import("gone")
+            decode.abort_import(f"gone-{kind}")
             sent = await prefill.prefill_and_send(ticket, prompt, GREEDY)
             while decode.stats()["pending_imports"]:
                 await asyncio.sleep(0.01)
@@ -64,30 +72,31 @@ def test_client_gone_during_transfer_writes_nothing_and_frees_both_sides(
     assert all_blocks_free(prefill_engine) and all_blocks_free(decode_engine)
 
 
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_timed_out_claimed_import_prefills_locally_at_once_and_frees_its_blocks_later(
-    llama_engines: list[LLMEngine],
+    llama_engines: list[LLMEngine], kind: str
 ) -> None:
     """A prefill actor claims the decode actor's blocks while it prefills; when the decode
     actor stops waiting, the request is prefilled locally without waiting for that
     sender, and the claimed blocks are released only once the sender gives them back."""
     aggregated_engine, prefill_engine, decode_engine = llama_engines
-    prompt = prompts_of_lengths([45], seed=13)[0]
+    prompt = prompts_of_lengths([45], seed=13 + 100 * KINDS.index(kind))[0]
     expected = aggregated_engine.generate([prompt], GREEDY)[0].token_ids
 
     async def main() -> tuple[list[int], bool, dict[str, int]]:
-        async with pair(prefill_engine, decode_engine, "cuda_ipc") as (_, decode):
+        async with pair(prefill_engine, decode_engine, kind) as (_, decode):
             outputs: asyncio.Queue[Any] = asyncio.Queue()
             loop = asyncio.get_running_loop()
 
             def listen(batch: list[Any]) -> None:
                 for output in batch:
-                    if output.request_id == "claimed":
+                    if output.request_id == f"claimed-{kind}":
                         loop.call_soon_threadsafe(outputs.put_nowait, output)
 
             decode.engine.add_output_listener(listen)
-            ticket = await decode.prepare_import("claimed", prompt, GREEDY, timeout_s=0.2)
+            ticket = await decode.prepare_import(f"claimed-{kind}", prompt, GREEDY, timeout_s=0.2)
             assert ticket is not None
-            sender = IPCTransport()  # a prefill actor's transport, its prefill still running
+            sender = transport(kind)  # a prefill actor's transport, its prefill still running
             claim = await sender.claim(ticket.address, ticket.transfer_id, ticket.blocks_to_send)
             assert claim is not None and len(claim.block_ids) == ticket.blocks_to_send
             tokens: list[int] = []

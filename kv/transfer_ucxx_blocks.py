@@ -1,0 +1,228 @@
+"""KV transfer between hosts over UCXX, received straight into the receiver's paged blocks.
+
+Design decisions:
+
+- The control protocol (claim while the prefill runs, ``done``, ``abort``, a broken
+  connection, a forgotten transfer) is ``kv.block_transport``'s. The receiver offers
+  its UCX worker address (a sender connects to the worker itself: no UCX listener) and
+  the bytes of one block of each cache tensor; each begun transfer gets a tag base of
+  its own (random, above 20 bits of message index), so no other transfer's bytes can
+  match its receives.
+- A write is a list of segments: runs of blocks that lie contiguous in the receiver's
+  cache. The sender announces them (``write``, before any byte), then sends one tagged
+  message per cache tensor and segment. The receiver, on ``write``, posts one receive
+  per message on its UCX worker, into that slice of its own cache tensor: the bytes land
+  in the reserved blocks with no staging on the receiving side (UCX's rendezvous pulls
+  into the posted buffer; CUDA memory moves over NVLink, cuda_ipc or RDMA where UCX
+  finds them, and over TCP on a machine without them).
+- The sender sends straight from its cache when its blocks are contiguous wherever the
+  receiver's are; otherwise it first gathers them into one buffer on its own device
+  (one fused copy), so a transfer is tensors x the receiver's runs messages.
+- UCXX cannot cancel one posted receive, so posted receives keep their blocks: a
+  transfer is settled (its blocks reusable) only once every receive has completed or
+  failed. A sender that dies between announcing a write and sending it leaves the
+  receives pending and those blocks held (the request itself was queued for a local
+  prefill at once): memory that is reused is never written into afterwards.
+- A write announced for a transfer this receiver no longer has is received into scratch
+  memory and dropped, so the sender's sends complete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from dynask.kv.block_transport import ControlledBlockTransport, Incoming, Peer, tell
+from dynask.kv.gpu.block_copy import copy_blocks
+from dynask.kv.transfer import BlockClaim, TransferId
+from dynask.kv.transfer_ipc import bind_device
+from dynask.kv.transfer_ucxx import ucxx_module
+
+INDEX_BITS = 20  # messages of one transfer: tensors x segments < 2**20
+
+
+def plan_segments(src_ids: Sequence[int], dst_ids: Sequence[int]) -> tuple[list[int], bool]:
+    """The lengths of the runs of ``dst_ids`` that are contiguous (consecutive ids), and
+    whether ``src_ids`` break one of them (then the sender gathers its blocks first)."""
+    lengths: list[int] = []
+    gather = False
+    for i, dst in enumerate(dst_ids):
+        if i and dst == dst_ids[i - 1] + 1:
+            lengths[-1] += 1
+            gather = gather or src_ids[i] != src_ids[i - 1] + 1
+        else:
+            lengths.append(1)
+    return lengths, gather
+
+
+def segment_starts(ids: Sequence[int], lengths: Sequence[int]) -> list[int]:
+    """The first id of each segment; ``ValueError`` when a segment is not contiguous."""
+    starts, offset = [], 0
+    for length in lengths:
+        run = ids[offset : offset + length]
+        if length < 1 or len(run) != length or run[-1] - run[0] != length - 1:
+            raise ValueError(f"blocks {list(run)} are not one contiguous run of {length}")
+        starts.append(run[0])
+        offset += length
+    if offset != len(ids):
+        raise ValueError(f"the segments cover {offset} blocks; {len(ids)} are reserved")
+    return starts
+
+
+def _buffer(tensor: torch.Tensor) -> Any:
+    """What UCXX sends from or receives into: the bytes of a contiguous tensor (a numpy
+    view on a CPU; on a GPU the tensor, as bytes, since bfloat16 has no array type)."""
+    flat = tensor.reshape(-1).view(torch.uint8)
+    return flat if flat.device.type == "cuda" else flat.numpy()
+
+
+def _row_bytes(caches: Sequence[torch.Tensor]) -> list[int]:
+    return [t[0].numel() * t.element_size() for t in caches]
+
+
+def _gathered(caches: Sequence[torch.Tensor], ids: list[int]) -> list[torch.Tensor]:
+    """``ids`` of every cache tensor, copied into one new buffer on its device."""
+    count = len(ids)
+    flat = torch.empty(
+        sum(count * t[0].numel() for t in caches), dtype=caches[0].dtype, device=caches[0].device
+    )
+    views, offset = [], 0
+    for tensor in caches:
+        size = count * tensor[0].numel()
+        views.append(flat[offset : offset + size].view(count, *tensor.shape[1:]))
+        offset += size
+    bind_device(caches[0].device)
+    copy_blocks(caches, ids, views, list(range(count)))
+    return views
+
+
+class UCXXBlockTransport(ControlledBlockTransport):
+    """Block transport over UCXX (see the module docstring)."""
+
+    name = "ucxx"
+    NO_ANSWER = ("done", "abort", "write")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._ucxx = ucxx_module()
+        self._caches: list[torch.Tensor] = []
+        self._tags: dict[TransferId, int] = {}
+
+    async def listen(self, host: str) -> str:
+        self._ucxx.continuous_ucx_progress()  # the posted receives progress on this loop
+        return await super().listen(host)
+
+    def share(self, caches: Sequence[torch.Tensor]) -> None:
+        if caches:
+            bind_device(caches[0].device)
+        self._caches = list(caches)
+
+    def _offer(self) -> list[Any]:
+        if not self._caches:
+            raise EOFError("this receiver shares no cache")
+        return [self._ucxx.get_worker_address().tobytes(), _row_bytes(self._caches)]
+
+    def _extras(self, transfer_id: TransferId, incoming: Incoming) -> list[Any]:
+        tag = secrets.randbits(64 - INDEX_BITS) << INDEX_BITS
+        self._tags[transfer_id] = tag
+        return [tag]
+
+    def _settle(self, transfer_id: TransferId) -> None:
+        super()._settle(transfer_id)
+        if transfer_id not in self._incoming:
+            self._tags.pop(transfer_id, None)
+
+    def _announced(self, message: list[Any], incoming: Incoming | None) -> None:
+        if message[0] != "write":
+            super()._announced(message, incoming)
+        transfer_id, lengths = TransferId(str(message[1])), [int(n) for n in message[2]]
+        tag = self._tags.get(transfer_id)
+        rows = _row_bytes(self._caches)
+        if incoming is None or tag is None or not incoming.writing:
+            self._drain(int(message[3]), lengths, rows)
+            return
+        try:
+            starts = segment_starts(incoming.block_ids, lengths)
+        except ValueError as exc:
+            self._drain(int(message[3]), lengths, rows)
+            self._fail(transfer_id, f"the sender's segments do not fit: {exc}")
+            return
+        receives = [
+            self._ucxx.recv(_buffer(tensor[start : start + length]), tag=tag + index)
+            for index, (tensor, start, length) in enumerate(
+                (t, s, n) for t in self._caches for s, n in zip(starts, lengths, strict=True)
+            )
+        ]
+        incoming.landing = asyncio.ensure_future(_land(receives))
+        incoming.landing.add_done_callback(_retrieved)  # a failure is the transfer's, read there
+
+    def _drain(self, tag: int, lengths: list[int], rows: list[int]) -> None:
+        """Receives a write nobody expects into scratch memory, so its sends complete."""
+        receives = [
+            self._ucxx.recv(np.empty(row * length, dtype=np.uint8), tag=tag + index)
+            for index, (row, length) in enumerate((r, n) for r in rows for n in lengths)
+        ]
+        asyncio.ensure_future(_land(receives)).add_done_callback(_retrieved)
+
+    async def _write(
+        self, peer: Peer, claim: BlockClaim, caches: Sequence[torch.Tensor], block_ids: list[int]
+    ) -> None:
+        assert peer.offer is not None
+        address, rows = peer.offer[0], list(peer.offer[1])
+        if _row_bytes(caches) != rows:
+            raise ValueError(
+                f"the receiver's cache tensors hold blocks of {rows} bytes; this sender's "
+                f"{_row_bytes(caches)}"
+            )
+        async with peer.writing:
+            if peer.opened is None:
+                peer.opened = await self._connect(address)
+        endpoint = peer.opened
+        lengths, gather = plan_segments(block_ids, claim.block_ids)
+        if gather:
+            sources = await asyncio.to_thread(_gathered, caches, block_ids)
+            starts = segment_starts(list(range(len(block_ids))), lengths)
+        else:
+            sources, starts = list(caches), segment_starts(block_ids, lengths)
+        tag = int(claim.extras[0])
+        await tell(peer, ["write", claim.transfer_id, lengths, tag])
+        sends = [
+            endpoint.send(_buffer(tensor[start : start + length]), tag=tag + index, force_tag=True)
+            for index, (tensor, start, length) in enumerate(
+                (t, s, n) for t in sources for s, n in zip(starts, lengths, strict=True)
+            )
+        ]
+        await _land(sends)
+
+    async def _connect(self, address: bytes) -> Any:
+        try:
+            worker = self._ucxx.get_ucx_address_from_buffer(address)
+            return await self._ucxx.create_endpoint_from_worker_address(worker)
+        except self._ucxx.exceptions.UCXError as exc:
+            raise RuntimeError(f"cannot reach the receiver's UCX worker: {exc}") from exc
+
+    async def close(self) -> None:
+        endpoints = [peer.opened for peer in self._peers.values() if peer.opened is not None]
+        await super().close()
+        for endpoint in endpoints:
+            if not endpoint.closed:
+                await endpoint.close()
+
+
+def _retrieved(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+async def _land(operations: list[Any]) -> None:
+    """Waits for every send or receive; one that failed fails the whole (after the rest
+    finished: a posted receive may write until then)."""
+    results = await asyncio.gather(*operations, return_exceptions=True)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        raise RuntimeError(f"{len(errors)} of {len(results)} UCX messages failed: {errors[0]}")

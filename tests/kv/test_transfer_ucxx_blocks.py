@@ -1,0 +1,160 @@
+"""The ucxx block transport's own rules: how a write is cut into messages, and that a
+transfer completes only once its bytes have landed in the reserved blocks (UCX over TCP
+here; the protocol they share with cuda_ipc is in test_block_transports.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+import torch
+
+from dynask.kv.transfer import TransferError, TransferId
+from dynask.kv.transfer_ucxx_blocks import UCXXBlockTransport, plan_segments, segment_starts
+from tests.kv.test_block_transports import caches
+from tests.system_tools import require_module
+
+
+def test_segments_are_the_receivers_contiguous_runs() -> None:
+    assert plan_segments([3, 4, 5, 9], [10, 11, 12, 5]) == ([3, 1], False)
+    assert plan_segments([3, 4, 9, 1], [10, 11, 12, 5]) == ([3, 1], True)  # 4 → 9 breaks a run
+    assert plan_segments([7, 2, 0], [6, 2, 17]) == ([1, 1, 1], False)  # runs of one never gather
+    assert plan_segments([], []) == ([], False)
+    assert plan_segments(list(range(8)), list(range(40, 48))) == ([8], False)
+
+
+def test_segment_starts_check_every_run_and_the_total() -> None:
+    assert segment_starts([10, 11, 12, 5], [3, 1]) == [10, 5]
+    with pytest.raises(ValueError, match=r"blocks \[10, 11, 5\] are not one contiguous run of 3"):
+        segment_starts([10, 11, 5, 6], [3, 1])
+    with pytest.raises(ValueError, match="the segments cover 3 blocks; 4 are reserved"):
+        segment_starts([10, 11, 12, 5], [3])
+
+
+async def _control(address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = address.rsplit(":", 1)
+    return await asyncio.open_connection(host, int(port))
+
+
+async def _say(writer: asyncio.StreamWriter, message: list[Any]) -> None:
+    body = msgpack.packb(message)
+    writer.write(struct.pack(">I", len(body)) + body)
+    await writer.drain()
+
+
+async def _hear(reader: asyncio.StreamReader) -> list[Any]:
+    size = struct.unpack(">I", await reader.readexactly(4))[0]
+    reply: list[Any] = msgpack.unpackb(await reader.readexactly(size))
+    return reply
+
+
+def test_done_before_the_bytes_land_completes_only_when_they_have() -> None:
+    """A sender's ``done`` may overtake its bytes (eager sends complete before they land):
+    the transfer completes, and its blocks are released, only once every posted receive
+    has finished; the bytes are in the reserved blocks then."""
+    ucxx = require_module("ucxx", "ucxx-cu12")
+
+    async def main() -> tuple[bool, bool, list[torch.Tensor]]:
+        receiver = UCXXBlockTransport()
+        mine = caches(8, seed=None)
+        receiver.share(mine)
+        address = await receiver.listen("127.0.0.1")
+        arrived = receiver.expect_blocks(TransferId("t"), [5, 6, 2])
+        reader, writer = await _control(address)
+        await _say(writer, ["offer"])
+        worker_address, rows = await _hear(reader)
+        await _say(writer, ["begin", "t", 3])
+        ok, block_ids, tag = await _hear(reader)
+        assert (ok, block_ids, rows) == ("ok", [5, 6, 2], [256] * 4)
+        await _say(writer, ["write", "t", [2, 1], tag])
+        await _say(writer, ["done", "t"])
+        settling = asyncio.ensure_future(receiver.writes_done(TransferId("t")))
+        await asyncio.sleep(0.2)
+        waited = not arrived.done() and not settling.done()
+        source = caches(8, seed=5)
+        endpoint = await ucxx.create_endpoint_from_worker_address(
+            ucxx.get_ucx_address_from_buffer(worker_address)
+        )
+        index = 0
+        for tensor in source:  # the sender's blocks [0, 1] and [4]
+            for start, length in ((0, 2), (4, 1)):
+                data = tensor[start : start + length].reshape(-1).view(torch.uint8).numpy()
+                await endpoint.send(data, tag=tag + index, force_tag=True)
+                index += 1
+        await asyncio.wait_for(arrived, 5)
+        await asyncio.wait_for(settling, 5)
+        await endpoint.close()
+        writer.close()
+        await receiver.close()
+        return waited, arrived.exception() is None, mine
+
+    waited, completed, received = asyncio.run(main())
+    assert (waited, completed) == (True, True)
+    for mine, theirs in zip(received, caches(8, seed=5), strict=True):
+        assert torch.equal(mine[[5, 6, 2]], theirs[[0, 1, 4]])
+        assert bool((mine[[0, 1, 3, 4, 7]] == -1).all())
+
+
+def test_segments_that_do_not_fit_the_reserved_blocks_fail_the_transfer() -> None:
+    require_module("ucxx", "ucxx-cu12")
+
+    async def main() -> BaseException | None:
+        receiver = UCXXBlockTransport()
+        receiver.share(caches(8, seed=None))
+        address = await receiver.listen("127.0.0.1")
+        arrived = receiver.expect_blocks(TransferId("t"), [5, 6, 2])
+        reader, writer = await _control(address)
+        await _say(writer, ["begin", "t", 3])
+        _, _, tag = await _hear(reader)
+        await _say(writer, ["write", "t", [3], tag])  # 5, 6, 2 is not one run
+        await asyncio.wait({arrived}, timeout=5)
+        writer.close()
+        await receiver.close()
+        return arrived.exception()
+
+    error = asyncio.run(main())
+    assert isinstance(error, TransferError)
+    assert str(error) == (
+        "transfer t failed: the sender's segments do not fit: blocks [5, 6, 2] are not one "
+        "contiguous run of 3"
+    )
+
+
+def test_caches_of_another_shape_are_refused_before_any_byte_moves() -> None:
+    require_module("ucxx", "ucxx-cu12")
+
+    async def main() -> tuple[BaseException | None, str]:
+        receiver = UCXXBlockTransport()
+        receiver.share(caches(8, seed=None))
+        address = await receiver.listen("127.0.0.1")
+        arrived = receiver.expect_blocks(TransferId("t"), [1])
+        sender = UCXXBlockTransport()
+        wrong = [torch.zeros(4, 4, 2, 4) for _ in range(4)]  # blocks of 128 bytes, not 256
+        with pytest.raises(TransferError) as raised:
+            await sender.send_blocks(address, TransferId("t"), wrong, [0])
+        await asyncio.wait({arrived}, timeout=5)
+        await sender.close()
+        await receiver.close()
+        return arrived.exception(), str(raised.value)
+
+    error, raised = asyncio.run(main())
+    assert raised == (
+        "transfer t: the write failed: the receiver's cache tensors hold blocks of "
+        "[256, 256, 256, 256] bytes; this sender's [128, 128, 128, 128]"
+    )
+    assert str(error) == f"transfer t failed: the sender aborted: {raised.split(': ', 2)[2]}"
+
+
+def test_np_is_the_buffer_of_a_cpu_cache() -> None:
+    """CPU caches go to UCX as zero-copy numpy views of the block slice."""
+    from dynask.kv.transfer_ucxx_blocks import _buffer
+
+    tensor = torch.arange(24, dtype=torch.float32).view(6, 4)
+    view = _buffer(tensor[2:4])
+    assert isinstance(view, np.ndarray) and view.dtype == np.uint8 and view.size == 32
+    view[:4] = np.frombuffer(np.float32(-1).tobytes(), dtype=np.uint8)
+    assert tensor[2, 0].item() == -1.0

@@ -13,13 +13,13 @@ Design decisions:
   not match the expectation fails that transfer (``TransferError``) and is discarded.
 - A failed transfer (connection cut mid-way, mismatch, closing transport) fails only its
   own future; the receiver keeps listening.
-- Transports: ``tcp`` (``kv.transfer_tcp``; CUDA tensors are staged through host
-  memory) and ``ucxx`` (``kv.transfer_ucxx``; CPU tensors as zero-copy numpy views,
+- Transports: ``tcp`` (``kv.transport.tcp``; CUDA tensors are staged through host
+  memory) and ``ucxx`` (``kv.transport.ucxx_tensor``; CPU tensors as zero-copy numpy views,
   CUDA tensors as device buffers) move one tensor into a receiver's tensor;
-  ``cuda_ipc`` (``kv.transfer_ipc``, a ``BlockTransport``) copies blocks on one host
+  ``cuda_ipc`` (``kv.transport.cuda_ipc``, a ``BlockTransport``) copies blocks on one host
   device to device, straight into the receiver's reserved paged blocks, and ``ucxx``
-  between engines with paged caches (``kv.transfer_ucxx_blocks``) receives straight
-  into them too, across hosts; both share ``kv.block_transport``'s control protocol.
+  between engines with paged caches (``kv.transport.ucxx_blocks``) receives straight
+  into them too, across hosts; both share ``kv.transport.control``'s control protocol.
   ``make_transport`` picks one by name.
 - Nothing here knows about Dask or the engine: an actor owns a transport and drives it
   from its event loop.
@@ -250,21 +250,21 @@ def make_tensor_transport(kind: str) -> KVTransport:
 def make_transport(kind: str, *, paged_cache: bool = False) -> KVTransport | BlockTransport:
     """A transport by name (``tcp``, ``ucxx``, ``cuda_ipc``); ``ValueError`` names the
     choices. With ``paged_cache`` (an engine whose blocks live in paged cache tensors),
-    ``ucxx`` receives straight into the reserved blocks (``kv.transfer_ucxx_blocks``)."""
+    ``ucxx`` receives straight into the reserved blocks (``kv.transport.ucxx_blocks``)."""
     if kind == "tcp":
-        from dynask.kv.transfer_tcp import TCPTransport
+        from dynask.kv.transport.tcp import TCPTransport
 
         return TCPTransport()
     if kind == "ucxx" and paged_cache:
-        from dynask.kv.transfer_ucxx_blocks import UCXXBlockTransport
+        from dynask.kv.transport.ucxx_blocks import UCXXBlockTransport
 
         return UCXXBlockTransport()
     if kind == "ucxx":
-        from dynask.kv.transfer_ucxx import UCXXTransport
+        from dynask.kv.transport.ucxx_tensor import UCXXTransport
 
         return UCXXTransport()
     if kind == "cuda_ipc":
-        from dynask.kv.transfer_ipc import IPCTransport
+        from dynask.kv.transport.cuda_ipc import IPCTransport
 
         return IPCTransport()
     raise ValueError(f"KV transport has value {kind!r}; use one of: {', '.join(TRANSPORTS)}")

@@ -292,7 +292,7 @@ class KVTransferService:
 
     def _claim_early(self, ticket: RemotePrefillTicket) -> asyncio.Task[BlockClaim | None] | None:
         """A block transport claims the decode actor's blocks while the prefill runs, so
-        the round trip is not on the request's path (``kv.transfer_ipc``)."""
+        the round trip is not on the request's path (``kv.transport.cuda_ipc``)."""
         if not isinstance(self.transport, BlockTransport):
             return None
         return asyncio.create_task(

@@ -1,6 +1,6 @@
 """What a cuda_ipc transfer costs besides the copy: its Python control, on a CPU.
 
-The same transport as on a GPU (``kv.transfer_ipc``), with the receiver's paged cache in
+The same transport as on a GPU (``kv.transport.cuda_ipc``), with the receiver's paged cache in
 POSIX shared memory (64 tensors, Llama-3.1-8B's layer count, tiny blocks so the copy is
 negligible): a receiver process (``--serve``, started by this one) expects one-block
 transfers, this process sends them. Rows, each the median of ``--repeats`` after a
@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from dynask.kv.transfer import TransferId
-from dynask.kv.transfer_ipc import IPCTransport
+from dynask.kv.transport.cuda_ipc import IPCTransport
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "disagg-ipc-control-cpu.json"
 TENSORS, BLOCK = 64, (4, 2, 8)

@@ -2,7 +2,7 @@
 
 A receiver process (``--serve``, started by this one) holds a paged cache of
 Llama-3.1-8B's shape (32 layers of K and V, blocks of 16 tokens x 8 KV heads x 128, bf16:
-2 MiB per block over all layers) and shares it with ``kv.transfer_ipc``; this process
+2 MiB per block over all layers) and shares it with ``kv.transport.cuda_ipc``; this process
 sends ``--blocks`` blocks (default 512: an 8k-token prompt, 1 GiB) into its reserved
 blocks with ``IPCTransport.send_blocks`` — consecutive block ids, then scattered ones
 (random ids on both sides, as after a while of serving) — and, in the same run, times
@@ -18,7 +18,7 @@ Each figure is the median of ``--repeats`` runs after a warm-up; a transfer's ti
 includes its control messages, the rows' trip to the device and the wait for the copy.
 Rates are bytes moved / time.
 
-With ``--transport ucxx`` the same transfers go over ``kv.transfer_ucxx_blocks`` (UCX's
+With ``--transport ucxx`` the same transfers go over ``kv.transport.ucxx_blocks`` (UCX's
 own path between the two processes' CUDA memory, received straight into the reserved
 blocks), labelled "UCXX", written to ``disagg-ucxx-h200.json``.
 
@@ -40,7 +40,6 @@ from typing import Any
 
 import torch
 
-from dynask.kv.block_transport import ControlledBlockTransport
 from dynask.kv.gpu.block_copy import (
     BlockLayout,
     block_runs,
@@ -51,6 +50,7 @@ from dynask.kv.gpu.block_copy import (
     row_table,
 )
 from dynask.kv.transfer import TransferId, make_transport
+from dynask.kv.transport.control import ControlledBlockTransport
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 OUTS = {"cuda_ipc": RESULTS / "disagg-ipc-h200.json", "ucxx": RESULTS / "disagg-ucxx-h200.json"}
@@ -78,6 +78,8 @@ def plans(args: argparse.Namespace) -> dict[str, tuple[list[int], list[int]]]:
             rng.sample(range(args.cache_blocks), args.blocks),
             rng.sample(range(args.cache_blocks), args.blocks),
         )
+        if args.transport == "ucxx":  # the contiguous blocks as one staged message
+            out[f"staged-{r}"] = (list(range(args.blocks)), list(range(args.blocks)))
     return out
 
 
@@ -144,7 +146,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     sender = block_transport(args.transport)
     label = LABELS[args.transport]
     times: dict[str, list[float]] = {
-        "one": [], "contiguous": [], "claimed": [], "scattered": [], "gone": []
+        "one": [], "contiguous": [], "claimed": [], "scattered": [], "gone": [], "staged": []
     }  # fmt: skip
     for r in range(args.repeats + 1):  # the first asks for the handles
         start = time.perf_counter()
@@ -161,8 +163,13 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             if repeat != "0":
                 times[kind].append(time.perf_counter() - start)
             continue
+        direct_max_runs = getattr(sender, "direct_max_runs", 0)
+        if kind == "staged":
+            sender.direct_max_runs = 0  # type: ignore[attr-defined]
         start = time.perf_counter()
         assert await sender.send_blocks(address, TransferId(tid), source, src)
+        if kind == "staged":
+            sender.direct_max_runs = direct_max_runs  # type: ignore[attr-defined]
         if repeat != "0":  # the first of each kind is the warm-up (handles opened)
             times[kind].append(time.perf_counter() - start)
     await sender.close()
@@ -203,6 +210,13 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                     "s": statistics.median(times["claimed"]),
                 }
             )
+            if times["staged"]:
+                rows.append(
+                    {
+                        "path": f"{label}, contiguous ({runs} runs), staged",
+                        "s": statistics.median(times["staged"]),
+                    }
+                )
         for name in ("fused", "fused: launch only", "per tensor"):
             rows.append({"path": f"in-process {name}, {kind}", "s": local_times[kind, name]})
     for row in rows:

@@ -8,7 +8,7 @@ consecutive blocks with ``IPCTransport.send_blocks``, stamping each phase by wra
 transport's own steps: the ``begin`` round trip, the copy's launch (``launch_blocks``
 returns), the wait for its event, the ``done`` frame, and what is left. The copy's own
 GPU time comes from CUDA events around the same launch in this process. Each wait
-strategy (``kv.transfer_ipc.wait_for_copy``) runs in turn:
+strategy (``kv.transport.cuda_ipc.wait_for_copy``) runs in turn:
 
 - ``thread``: the event's wait in ``asyncio.to_thread`` (the transport's default);
 - ``poll``: ``event.query()`` on the loop between ``asyncio.sleep(0)`` yields;
@@ -33,10 +33,11 @@ from typing import Any
 import torch
 
 from bench.disaggregation.ipc_gpu import cache, write_gpu_result
-from dynask.kv import block_transport, transfer_ipc
 from dynask.kv.gpu.block_copy import BlockCopy, BlockLayout, launch_blocks
 from dynask.kv.transfer import TransferId
-from dynask.kv.transfer_ipc import IPCTransport
+from dynask.kv.transport import control as block_transport
+from dynask.kv.transport import cuda_ipc as transfer_ipc
+from dynask.kv.transport.cuda_ipc import IPCTransport
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "disagg-ipc-timeline-h200.json"
 SIZES = {"one": 1, "512": 512}
@@ -92,7 +93,7 @@ class Stamps:
     def __init__(self) -> None:
         self.marks: list[tuple[str, float]] = []
         original_ask, original_write = block_transport._ask, block_transport._write
-        original_launch = launch_blocks  # what kv.transfer_ipc launches with
+        original_launch = launch_blocks  # what kv.transport.cuda_ipc launches with
 
         async def ask(peer: Any, message: list[Any]) -> list[Any]:
             reply = await original_ask(peer, message)

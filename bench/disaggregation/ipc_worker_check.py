@@ -36,7 +36,7 @@ from torch.multiprocessing.reductions import reduce_tensor
 from dynask.actors.runtime.gpu_discovery import discover_gpus
 from dynask.control_plane.cluster.gpu_placement import PinnedLocalCluster, place_workers
 from dynask.kv.transfer import TransferId
-from dynask.kv.transfer_ipc import IPCTransport
+from dynask.kv.transport.cuda_ipc import IPCTransport
 
 BLOCKS, TENSORS, SHAPE = 256, 8, (16, 8, 128)
 SRC_IDS, DST_IDS = [5, 6, 7, 100, 3, 200], [10, 11, 12, 40, 250, 0]

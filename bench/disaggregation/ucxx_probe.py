@@ -22,6 +22,7 @@ import asyncio
 import os
 import subprocess
 import sys
+from typing import Any
 
 VARIANTS = {
     "as-is": {},
@@ -33,7 +34,7 @@ LAYERS, BLOCK, CACHE_BLOCKS = 32, (16, 8, 128), 256
 PLAN = {"one": ([7], [9]), "run": (list(range(32)), list(range(100, 132)))}
 
 
-def caches() -> list[object]:
+def caches() -> list[Any]:
     import torch
 
     return [

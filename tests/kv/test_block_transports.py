@@ -11,6 +11,7 @@ writes nothing; a connection that breaks mid-write fails the transfer.
 from __future__ import annotations
 
 import asyncio
+import os
 import pickle
 import struct
 import sys
@@ -20,18 +21,22 @@ import msgpack
 import pytest
 import torch
 
-from dynask.kv.block_transport import ControlledBlockTransport
 from dynask.kv.transfer import TransferError, TransferId, make_transport
-from dynask.kv.transfer_ipc import check_openable, process_id
+from dynask.kv.transport.control import ControlledBlockTransport
+from dynask.kv.transport.cuda_ipc import check_openable, process_id
 from tests.system_tools import require_module
 
 KINDS = ["cuda_ipc", "ucxx"]
 
 
 def transport(kind: str) -> ControlledBlockTransport:
+    """The transport an engine actor makes (``UCXX_DIRECT_MAX_RUNS``: the ucxx sender's
+    choice between direct and staged writes, for the GPU runs)."""
     if kind == "ucxx":
         require_module("ucxx", "ucxx-cu12")
     made = make_transport(kind, paged_cache=True)
+    if "UCXX_DIRECT_MAX_RUNS" in os.environ:
+        made.direct_max_runs = int(os.environ["UCXX_DIRECT_MAX_RUNS"])  # type: ignore[attr-defined]
     assert isinstance(made, ControlledBlockTransport)
     return made
 

@@ -21,7 +21,7 @@ from dynask.kv.transfer import (
     TransferId,
     make_transport,
 )
-from dynask.kv.transfer_tcp import TCPTransport
+from dynask.kv.transport.tcp import TCPTransport
 from tests.system_tools import require_module
 
 KINDS = ["tcp", "ucxx"]

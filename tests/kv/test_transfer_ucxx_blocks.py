@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from dynask.kv.transfer import TransferError, TransferId
-from dynask.kv.transfer_ucxx_blocks import UCXXBlockTransport, plan_segments, segment_starts
+from dynask.kv.transport.ucxx_blocks import UCXXBlockTransport, plan_segments, segment_starts
 from tests.kv.test_block_transports import caches
 from tests.system_tools import require_module
 
@@ -70,7 +70,7 @@ def test_done_before_the_bytes_land_completes_only_when_they_have() -> None:
         await _say(writer, ["begin", "t", 3])
         ok, block_ids, tag = await _hear(reader)
         assert (ok, block_ids, rows) == ("ok", [5, 6, 2], [256] * 4)
-        await _say(writer, ["write", "t", [2, 1], tag])
+        await _say(writer, ["write", "t", tag, 3, [2, 1]])
         await _say(writer, ["done", "t"])
         settling = asyncio.ensure_future(receiver.writes_done(TransferId("t")))
         await asyncio.sleep(0.2)
@@ -110,7 +110,7 @@ def test_segments_that_do_not_fit_the_reserved_blocks_fail_the_transfer() -> Non
         reader, writer = await _control(address)
         await _say(writer, ["begin", "t", 3])
         _, _, tag = await _hear(reader)
-        await _say(writer, ["write", "t", [3], tag])  # 5, 6, 2 is not one run
+        await _say(writer, ["write", "t", tag, 3, [3]])  # 5, 6, 2 is not one run
         await asyncio.wait({arrived}, timeout=5)
         writer.close()
         await receiver.close()
@@ -122,6 +122,64 @@ def test_segments_that_do_not_fit_the_reserved_blocks_fail_the_transfer() -> Non
         "transfer t failed: the sender's segments do not fit: blocks [5, 6, 2] are not one "
         "contiguous run of 3"
     )
+
+
+@pytest.mark.parametrize("direct_max_runs", [0, 4])
+def test_a_fragmented_write_is_staged_in_one_message_and_lands_the_same(
+    direct_max_runs: int,
+) -> None:
+    """More runs than ``direct_max_runs``: one message into a buffer of the receiver's,
+    then one copy into the reserved blocks; the blocks hold the same bytes either way,
+    and a later write (the staging buffer gone) is not disturbed."""
+    require_module("ucxx", "ucxx-cu12")
+
+    async def main() -> list[torch.Tensor]:
+        receiver = UCXXBlockTransport()
+        mine = caches(20, seed=None)
+        receiver.share(mine)
+        address = await receiver.listen("127.0.0.1")
+        first = receiver.expect_blocks(TransferId("a"), [10, 11, 12, 5])
+        second = receiver.expect_blocks(TransferId("b"), [0, 19])
+        sender = UCXXBlockTransport(direct_max_runs=direct_max_runs)
+        source = caches(16, seed=9)
+        assert await sender.send_blocks(address, TransferId("a"), source, [3, 4, 9, 1])
+        assert await sender.send_blocks(address, TransferId("b"), source, [15, 0])
+        await asyncio.wait_for(asyncio.gather(first, second), 5)
+        await sender.close()
+        await receiver.close()
+        return mine
+
+    received = asyncio.run(main())
+    for mine, theirs in zip(received, caches(16, seed=9), strict=True):
+        assert torch.equal(mine[[10, 11, 12, 5, 0, 19]], theirs[[3, 4, 9, 1, 15, 0]])
+        assert bool((mine[[i for i in range(20) if i not in (10, 11, 12, 5, 0, 19)]] == -1).all())
+
+
+def test_a_staged_write_nobody_expects_is_drained_and_the_sender_finishes() -> None:
+    """A write announced for a transfer this receiver does not hold (a tag it never gave)
+    is received into scratch memory, so the sender's send completes (2 MiB: UCX's
+    rendezvous waits for a posted receive)."""
+    ucxx = require_module("ucxx", "ucxx-cu12")
+
+    async def main() -> bool:
+        receiver = UCXXBlockTransport()
+        receiver.share(caches(8, seed=None))
+        address = await receiver.listen("127.0.0.1")
+        reader, writer = await _control(address)
+        await _say(writer, ["offer"])
+        worker_address, _ = await _hear(reader)
+        await _say(writer, ["write", "nobody", 7 << 20, 2048, []])
+        endpoint = await ucxx.create_endpoint_from_worker_address(
+            ucxx.get_ucx_address_from_buffer(worker_address)
+        )
+        data = np.ones(2048 * 4 * 256, dtype=np.uint8)
+        await asyncio.wait_for(endpoint.send(data, tag=7 << 20, force_tag=True), 5)
+        await endpoint.close()
+        writer.close()
+        await receiver.close()
+        return True
+
+    assert asyncio.run(main())
 
 
 def test_caches_of_another_shape_are_refused_before_any_byte_moves() -> None:
@@ -151,7 +209,7 @@ def test_caches_of_another_shape_are_refused_before_any_byte_moves() -> None:
 
 def test_np_is_the_buffer_of_a_cpu_cache() -> None:
     """CPU caches go to UCX as zero-copy numpy views of the block slice."""
-    from dynask.kv.transfer_ucxx_blocks import _buffer
+    from dynask.kv.transport.ucxx_blocks import _buffer
 
     tensor = torch.arange(24, dtype=torch.float32).view(6, 4)
     view = _buffer(tensor[2:4])

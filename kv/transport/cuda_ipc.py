@@ -17,7 +17,7 @@ Design decisions:
   trip and that wait's wake-up.
 - The control protocol (claiming the receiver's blocks while the prefill runs, ``done``,
   ``abort``, what a broken connection or a forgotten transfer does) is
-  ``kv.block_transport``'s; this transport offers the handles and copies.
+  ``kv.transport.control``'s; this transport offers the handles and copies.
 - A process cannot open its own CUDA IPC handles (CUDA answers "invalid device
   context"), so the handles name the process that shared them and a sender refuses its
   own with a ``TransferError`` that says so. (A prefill actor that served a request by
@@ -43,9 +43,9 @@ import torch
 import torch.multiprocessing
 from torch.multiprocessing.reductions import reduce_tensor
 
-from dynask.kv.block_transport import ControlledBlockTransport, Peer
 from dynask.kv.gpu.block_copy import BlockCopy, BlockLayout, copy_blocks, launch_blocks
 from dynask.kv.transfer import BlockClaim, TransferError
+from dynask.kv.transport.control import ControlledBlockTransport, Peer
 
 
 @dataclass

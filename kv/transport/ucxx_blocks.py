@@ -3,7 +3,7 @@
 Design decisions:
 
 - The control protocol (claim while the prefill runs, ``done``, ``abort``, a broken
-  connection, a forgotten transfer) is ``kv.block_transport``'s. The receiver offers
+  connection, a forgotten transfer) is ``kv.transport.control``'s. The receiver offers
   its UCX worker address (a sender connects to the worker itself: no UCX listener) and
   the bytes of one block of each cache tensor; each begun transfer gets a tag base of
   its own (random, above 20 bits of message index), so no other transfer's bytes can
@@ -18,13 +18,22 @@ Design decisions:
 - The sender sends straight from its cache when its blocks are contiguous wherever the
   receiver's are; otherwise it first gathers them into one buffer on its own device
   (one fused copy), so a transfer is tensors x the receiver's runs messages.
+- Each message costs UCX and Python from tens of microseconds to a millisecond (on the
+  H200: 1 GiB in 64 messages 3.8 ms, 14% of a device copy; 64 one-block messages
+  50–140 ms; 512 scattered runs, 32k messages, 1.9 s). A *staged* write (a sender whose
+  ``direct_max_runs`` is below the receiver's runs) sends one message into a buffer of
+  the receiver's, which then copies it into the reserved blocks (one fused copy): 512
+  scattered blocks in 6.4 ms. It is off by default (every write is direct): on the
+  H200 the receiving process crashed (SIGSEGV) on staged writes in the CUDA test, with
+  or without torch's allocator cache, and the cause is not found.
 - UCXX cannot cancel one posted receive, so posted receives keep their blocks: a
   transfer is settled (its blocks reusable) only once every receive has completed or
   failed. A sender that dies between announcing a write and sending it leaves the
   receives pending and those blocks held (the request itself was queued for a local
   prefill at once): memory that is reused is never written into afterwards.
 - A write announced for a transfer this receiver no longer has is received into scratch
-  memory and dropped, so the sender's sends complete.
+  memory and dropped, so the sender's sends complete. ``write`` carries the tag, the
+  block count and the run lengths (none: staged), enough to drain it.
 """
 
 from __future__ import annotations
@@ -37,13 +46,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from dynask.kv.block_transport import ControlledBlockTransport, Incoming, Peer, tell
 from dynask.kv.gpu.block_copy import copy_blocks
 from dynask.kv.transfer import BlockClaim, TransferId
-from dynask.kv.transfer_ipc import bind_device
-from dynask.kv.transfer_ucxx import ucxx_module
+from dynask.kv.transport.control import ControlledBlockTransport, Incoming, Peer, tell
+from dynask.kv.transport.cuda_ipc import bind_device
+from dynask.kv.transport.ucxx_tensor import ucxx_module
 
 INDEX_BITS = 20  # messages of one transfer: tensors x segments < 2**20
+# Receiver runs up to which a write goes straight into the blocks; more are staged. Every
+# write is direct by default: a staged write crashed the receiving process on the H200
+# (module docstring), so staging is only there to be measured (bench.disaggregation).
+DIRECT_MAX_RUNS = 1 << INDEX_BITS
 
 
 def plan_segments(src_ids: Sequence[int], dst_ids: Sequence[int]) -> tuple[list[int], bool]:
@@ -85,20 +98,35 @@ def _row_bytes(caches: Sequence[torch.Tensor]) -> list[int]:
     return [t[0].numel() * t.element_size() for t in caches]
 
 
-def _gathered(caches: Sequence[torch.Tensor], ids: list[int]) -> list[torch.Tensor]:
-    """``ids`` of every cache tensor, copied into one new buffer on its device."""
-    count = len(ids)
-    flat = torch.empty(
-        sum(count * t[0].numel() for t in caches), dtype=caches[0].dtype, device=caches[0].device
-    )
+def _views(flat: torch.Tensor, caches: Sequence[torch.Tensor], count: int) -> list[torch.Tensor]:
+    """``count`` blocks of every cache tensor, one after the other in the bytes ``flat``
+    (the layout of a staged write on both sides)."""
     views, offset = [], 0
-    for tensor in caches:
-        size = count * tensor[0].numel()
-        views.append(flat[offset : offset + size].view(count, *tensor.shape[1:]))
-        offset += size
-    bind_device(caches[0].device)
-    copy_blocks(caches, ids, views, list(range(count)))
+    for tensor, row in zip(caches, _row_bytes(caches), strict=True):
+        part = flat[offset : offset + count * row]
+        views.append(part.view(tensor.dtype).view(count, *tensor.shape[1:]))
+        offset += count * row
     return views
+
+
+def _gathered(
+    caches: Sequence[torch.Tensor], ids: list[int]
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """``ids`` of every cache tensor, copied into one new buffer on its device (one fused
+    copy): the bytes and their per-tensor views."""
+    flat = torch.empty(
+        sum(_row_bytes(caches)) * len(ids), dtype=torch.uint8, device=caches[0].device
+    )
+    views = _views(flat, caches, len(ids))
+    bind_device(caches[0].device)
+    copy_blocks(caches, ids, views, list(range(len(ids))))
+    return flat, views
+
+
+def _scattered(flat: torch.Tensor, caches: Sequence[torch.Tensor], ids: list[int]) -> None:
+    """A staged write's bytes into blocks ``ids`` of ``caches`` (one fused copy)."""
+    bind_device(caches[0].device)
+    copy_blocks(_views(flat, caches, len(ids)), list(range(len(ids))), caches, ids)
 
 
 class UCXXBlockTransport(ControlledBlockTransport):
@@ -107,8 +135,9 @@ class UCXXBlockTransport(ControlledBlockTransport):
     name = "ucxx"
     NO_ANSWER = ("done", "abort", "write")
 
-    def __init__(self) -> None:
+    def __init__(self, direct_max_runs: int = DIRECT_MAX_RUNS) -> None:
         super().__init__()
+        self.direct_max_runs = direct_max_runs  # a sender's choice; more runs: staged
         self._ucxx = ucxx_module()
         self._caches: list[torch.Tensor] = []
         self._tags: dict[TransferId, int] = {}
@@ -140,32 +169,53 @@ class UCXXBlockTransport(ControlledBlockTransport):
     def _announced(self, message: list[Any], incoming: Incoming | None) -> None:
         if message[0] != "write":
             super()._announced(message, incoming)
-        transfer_id, lengths = TransferId(str(message[1])), [int(n) for n in message[2]]
+        transfer_id, sent_tag, count = TransferId(str(message[1])), int(message[2]), int(message[3])
+        lengths = [int(n) for n in message[4]]
         tag = self._tags.get(transfer_id)
-        rows = _row_bytes(self._caches)
-        if incoming is None or tag is None or not incoming.writing:
-            self._drain(int(message[3]), lengths, rows)
+        if incoming is None or tag != sent_tag or not incoming.writing:
+            self._drain(sent_tag, count, lengths)
             return
-        try:
-            starts = segment_starts(incoming.block_ids, lengths)
-        except ValueError as exc:
-            self._drain(int(message[3]), lengths, rows)
-            self._fail(transfer_id, f"the sender's segments do not fit: {exc}")
-            return
-        receives = [
-            self._ucxx.recv(_buffer(tensor[start : start + length]), tag=tag + index)
-            for index, (tensor, start, length) in enumerate(
-                (t, s, n) for t in self._caches for s, n in zip(starts, lengths, strict=True)
+        if not lengths:  # staged: one message, then one copy into the blocks
+            staging = torch.empty(
+                sum(_row_bytes(self._caches)) * count,
+                dtype=torch.uint8,
+                device=self._caches[0].device,
             )
-        ]
-        incoming.landing = asyncio.ensure_future(_land(receives))
+            receive = self._ucxx.recv(_buffer(staging), tag=tag)
+            landing = self._land_staged(receive, staging, incoming.block_ids)
+        else:
+            try:
+                starts = segment_starts(incoming.block_ids, lengths)
+            except ValueError as exc:
+                self._drain(sent_tag, count, lengths)
+                self._fail(transfer_id, f"the sender's segments do not fit: {exc}")
+                return
+            landing = _land(
+                [
+                    self._ucxx.recv(_buffer(tensor[start : start + length]), tag=tag + index)
+                    for index, (tensor, start, length) in enumerate(
+                        (t, s, n)
+                        for t in self._caches
+                        for s, n in zip(starts, lengths, strict=True)
+                    )
+                ]
+            )
+        incoming.landing = asyncio.ensure_future(landing)
         incoming.landing.add_done_callback(_retrieved)  # a failure is the transfer's, read there
 
-    def _drain(self, tag: int, lengths: list[int], rows: list[int]) -> None:
+    async def _land_staged(self, receive: Any, staging: torch.Tensor, ids: list[int]) -> None:
+        await _land([receive])
+        if len(ids) * sum(_row_bytes(self._caches)) != staging.numel():
+            raise ValueError(f"a staged write of {staging.numel()} bytes for {len(ids)} blocks")
+        await asyncio.to_thread(_scattered, staging, self._caches, ids)
+
+    def _drain(self, tag: int, count: int, lengths: list[int]) -> None:
         """Receives a write nobody expects into scratch memory, so its sends complete."""
+        rows = _row_bytes(self._caches)
+        sizes = [row * n for row in rows for n in lengths] if lengths else [sum(rows) * count]
         receives = [
-            self._ucxx.recv(np.empty(row * length, dtype=np.uint8), tag=tag + index)
-            for index, (row, length) in enumerate((r, n) for r in rows for n in lengths)
+            self._ucxx.recv(np.empty(size, dtype=np.uint8), tag=tag + index)
+            for index, size in enumerate(sizes)
         ]
         asyncio.ensure_future(_land(receives)).add_done_callback(_retrieved)
 
@@ -182,15 +232,19 @@ class UCXXBlockTransport(ControlledBlockTransport):
         async with peer.writing:
             if peer.opened is None:
                 peer.opened = await self._connect(address)
-        endpoint = peer.opened
+        endpoint, tag, count = peer.opened, int(claim.extras[0]), len(block_ids)
         lengths, gather = plan_segments(block_ids, claim.block_ids)
+        if len(lengths) > self.direct_max_runs:  # staged: one message
+            flat, _ = await asyncio.to_thread(_gathered, caches, block_ids)
+            await tell(peer, ["write", claim.transfer_id, tag, count, []])
+            await _land([endpoint.send(_buffer(flat), tag=tag, force_tag=True)])
+            return
         if gather:
-            sources = await asyncio.to_thread(_gathered, caches, block_ids)
-            starts = segment_starts(list(range(len(block_ids))), lengths)
+            _, sources = await asyncio.to_thread(_gathered, caches, block_ids)
+            starts = segment_starts(list(range(count)), lengths)
         else:
             sources, starts = list(caches), segment_starts(block_ids, lengths)
-        tag = int(claim.extras[0])
-        await tell(peer, ["write", claim.transfer_id, lengths, tag])
+        await tell(peer, ["write", claim.transfer_id, tag, count, lengths])
         sends = [
             endpoint.send(_buffer(tensor[start : start + length]), tag=tag + index, force_tag=True)
             for index, (tensor, start, length) in enumerate(

@@ -11,8 +11,20 @@ import pytest
 
 from dynask.actors.engine.engine import LLMEngine
 from tests.actors.engine.helpers import prompts_of_lengths
-from tests.actors.runtime.test_kv_transfer_service import GREEDY, all_blocks_free, pair
+from tests.actors.runtime.test_kv_transfer_service import (
+    GREEDY,
+    all_blocks_free,
+    outputs_of,
+    pair,
+)
 from tests.kv.test_block_transports import KINDS, transport
+
+
+async def all_tokens(outputs: asyncio.Queue[Any]) -> list[int]:
+    tokens: list[int] = []
+    while not (output := await asyncio.wait_for(outputs.get(), 30)).finished:
+        tokens += list(output.token_ids)
+    return tokens + list(output.token_ids)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -25,23 +37,12 @@ def test_kv_that_never_comes_times_out_into_a_local_prefill(
 
     async def main() -> tuple[list[int], dict[str, int]]:
         async with pair(prefill_engine, decode_engine, kind) as (_, decode):
-            outputs: asyncio.Queue[Any] = asyncio.Queue()
-            loop = asyncio.get_running_loop()
-
-            def listen(batch: list[Any]) -> None:
-                for output in batch:
-                    if output.request_id == f"slow-{kind}":
-                        loop.call_soon_threadsafe(outputs.put_nowait, output)
-
-            decode.engine.add_output_listener(listen)
+            outputs = outputs_of(decode.engine, f"slow-{kind}")
             assert (
                 await decode.prepare_import(f"slow-{kind}", prompt, GREEDY, timeout_s=0.2)
                 is not None
             )
-            tokens: list[int] = []
-            while not (output := await asyncio.wait_for(outputs.get(), 30)).finished:
-                tokens += list(output.token_ids)
-            return tokens + list(output.token_ids), decode.stats()
+            return await all_tokens(outputs), decode.stats()
 
     tokens, stats = asyncio.run(main())
     assert (tokens, stats) == (list(expected), {"fallback_timeout": 1, "pending_imports": 0})
@@ -85,29 +86,19 @@ def test_a_timed_out_claimed_import_prefills_locally_at_once_and_frees_its_block
 
     async def main() -> tuple[list[int], bool, dict[str, int]]:
         async with pair(prefill_engine, decode_engine, kind) as (_, decode):
-            outputs: asyncio.Queue[Any] = asyncio.Queue()
-            loop = asyncio.get_running_loop()
-
-            def listen(batch: list[Any]) -> None:
-                for output in batch:
-                    if output.request_id == f"claimed-{kind}":
-                        loop.call_soon_threadsafe(outputs.put_nowait, output)
-
-            decode.engine.add_output_listener(listen)
+            outputs = outputs_of(decode.engine, f"claimed-{kind}")
             ticket = await decode.prepare_import(f"claimed-{kind}", prompt, GREEDY, timeout_s=0.2)
             assert ticket is not None
             sender = transport(kind)  # a prefill actor's transport, its prefill still running
             claim = await sender.claim(ticket.address, ticket.transfer_id, ticket.blocks_to_send)
             assert claim is not None and len(claim.block_ids) == ticket.blocks_to_send
-            tokens: list[int] = []
-            while not (output := await asyncio.wait_for(outputs.get(), 30)).finished:
-                tokens += list(output.token_ids)
+            tokens = await all_tokens(outputs)
             held_while_claimed = not all_blocks_free(decode_engine)
             await sender.release_claim(claim, "the prefill failed")
             while decode.stats()["pending_imports"]:
                 await asyncio.sleep(0.01)
             await sender.close()
-            return tokens + list(output.token_ids), held_while_claimed, decode.stats()
+            return tokens, held_while_claimed, decode.stats()
 
     tokens, held_while_claimed, stats = asyncio.run(main())
     assert tokens == list(expected)

@@ -54,6 +54,20 @@ async def pair(
         await decode.close()
 
 
+def outputs_of(engine: LLMEngine, request_id: str) -> asyncio.Queue[Any]:
+    """The request's outputs, on this event loop."""
+    outputs: asyncio.Queue[Any] = asyncio.Queue()
+    loop = asyncio.get_running_loop()
+
+    def listen(batch: list[Any]) -> None:
+        for output in batch:
+            if output.request_id == request_id:
+                loop.call_soon_threadsafe(outputs.put_nowait, output)
+
+    engine.add_output_listener(listen)
+    return outputs
+
+
 async def disaggregated(
     prefill: KVTransferService,
     decode: KVTransferService,
@@ -63,15 +77,7 @@ async def disaggregated(
     timeout_s: float = 30.0,
 ) -> list[int]:
     """One request the way the control plane runs it; its output token ids."""
-    outputs: asyncio.Queue[Any] = asyncio.Queue()
-    loop = asyncio.get_running_loop()
-
-    def listen(batch: list[Any]) -> None:
-        for output in batch:
-            if output.request_id == request_id:
-                loop.call_soon_threadsafe(outputs.put_nowait, output)
-
-    decode.engine.add_output_listener(listen)
+    outputs = outputs_of(decode.engine, request_id)
     ticket = await decode.prepare_import(request_id, prompt, params, timeout_s)
     if ticket is not None:
         try:

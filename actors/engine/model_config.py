@@ -79,12 +79,6 @@ class ModelConfig:
             layer_windows=_layer_windows(hf, int(hf.num_hidden_layers)),
         )
 
-    @property
-    def smallest_window(self) -> int | None:
-        """The narrowest sliding window of any layer (None: every layer is full)."""
-        windows = [w for w in self.layer_windows if w is not None]
-        return min(windows) if windows else None
-
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
         """Bytes of K and V cache one token takes across all layers."""
         itemsize = torch.empty((), dtype=dtype).element_size()

@@ -23,7 +23,8 @@ Design decisions:
   actor shares its paged cache once and expects block ids instead of a staging tensor;
   the prefill actor copies while its blocks are pinned. It claims the destination
   blocks while its prefill runs (the transport's ``begin`` round trip, off the request's
-  path) and gives them back if the prefill fails. A failed or abandoned import queues its
+  path) and gives them back if the prefill fails; a claim answered "gone" (the decode
+  actor gave up) aborts the prefill. A failed or abandoned import queues its
   request for a local prefill at once, but releases its blocks only once no sender writes
   into them any more (a claimed transfer's sender may still be prefilling).
 """
@@ -251,10 +252,17 @@ class KVTransferService:
         request_id = f"{ticket.transfer_id}/prefill"
         claiming = self._claim_early(ticket)
         stream = engine.add_request(tokens, prefill, request_id)
+        if claiming is not None:  # the decode actor gave up already: stop prefilling
+            claiming.add_done_callback(
+                lambda task: engine.abort(request_id) if _unwanted(task) else None
+            )
         try:
             await self._prefilled(stream, request_id, ticket, timeout_s)
             claim = None if claiming is None else await claiming
         except BaseException as exc:
+            if claiming is not None and _unwanted(claiming):
+                self.counters["transfers_unwanted"] += 1
+                return 0
             if claiming is not None:
                 await self._give_back(claiming, f"the prefill failed: {exc}")
             raise
@@ -334,6 +342,16 @@ class KVTransferService:
         await self.transport.close()
         tasks = [p.task for p in self._pending.values() if p.task is not None]
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _unwanted(claiming: asyncio.Task[BlockClaim | None]) -> bool:
+    """The claim was answered "gone": the decode actor no longer expects the blocks."""
+    return (
+        claiming.done()
+        and not claiming.cancelled()
+        and claiming.exception() is None
+        and (claiming.result() is None)
+    )
 
 
 def has_paged_cache(engine: LLMEngine) -> bool:

@@ -100,8 +100,8 @@ def test_layer_windows_are_read_from_the_config() -> None:
     )
     qwen = Qwen2Config(**TINY_SHAPE, use_sliding_window=True, sliding_window=8, max_window_layers=1)
     assert ModelConfig.from_hf(qwen).layer_windows == (None, 8)
-    assert ModelConfig.from_hf(Qwen2Config(**TINY_SHAPE)).smallest_window is None
-    assert ModelConfig.from_hf(LlamaConfig(**TINY_SHAPE)).smallest_window is None
+    assert ModelConfig.from_hf(Qwen2Config(**TINY_SHAPE)).layer_windows == (None, None)
+    assert ModelConfig.from_hf(LlamaConfig(**TINY_SHAPE)).layer_windows == (None, None)
 
 
 def test_a_window_does_not_cap_max_model_len_on_either_device() -> None:

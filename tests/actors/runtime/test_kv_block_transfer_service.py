@@ -5,6 +5,7 @@ straight into reserved blocks."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import pytest
@@ -105,3 +106,52 @@ def test_a_timed_out_claimed_import_prefills_locally_at_once_and_frees_its_block
     assert held_while_claimed
     assert stats == {"fallback_timeout": 1, "pending_imports": 0}
     assert all_blocks_free(decode_engine)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_claim_answered_gone_aborts_the_prefill_before_it_runs(
+    llama_engines: list[LLMEngine], kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The decode actor gave up before the prefill actor's claim reached it: the prefill
+    is aborted as soon as the claim comes back "gone" (here while the prefill engine's
+    steps are held, so it never computes), nothing is sent, every block is free."""
+    _, prefill_engine, decode_engine = llama_engines
+    prompt = prompts_of_lengths([41], seed=14 + 100 * KINDS.index(kind))[0]
+    aborted, release_steps = threading.Event(), threading.Event()
+    abort = prefill_engine.abort
+
+    def noted_abort(request_id: str) -> None:
+        abort(request_id)
+        aborted.set()
+
+    monkeypatch.setattr(prefill_engine, "abort", noted_abort)
+
+    async def main() -> tuple[int, str | None, dict[str, int]]:
+        async with pair(prefill_engine, decode_engine, kind) as (prefill, decode):
+            ticket = await decode.prepare_import(f"given-up-{kind}", prompt, GREEDY, 30)
+            assert ticket is not None
+            decode.abort_import(f"given-up-{kind}")
+            outputs = outputs_of(prefill_engine, f"{ticket.transfer_id}/prefill")
+            holding = threading.Event()
+
+            def hold_steps(_: object) -> None:
+                holding.set()
+                release_steps.wait(30)
+
+            held = asyncio.ensure_future(
+                asyncio.to_thread(prefill_engine.with_kv_blocks, hold_steps)
+            )
+            await asyncio.to_thread(holding.wait, 10)
+            sending = asyncio.ensure_future(prefill.prefill_and_send(ticket, prompt, GREEDY))
+            assert await asyncio.to_thread(aborted.wait, 10)
+            release_steps.set()
+            await held
+            sent = await asyncio.wait_for(sending, 30)
+            while not (output := await asyncio.wait_for(outputs.get(), 30)).finished:
+                pass
+            return sent, output.finish_reason, prefill.stats()
+
+    sent, finish_reason, stats = asyncio.run(main())
+    assert (sent, finish_reason) == (0, "abort")
+    assert stats == {"transfers_unwanted": 1, "pending_imports": 0}
+    assert all_blocks_free(prefill_engine) and all_blocks_free(decode_engine)

@@ -17,6 +17,7 @@ from tests.actors.runtime.test_kv_transfer_service import (
     all_blocks_free,
     outputs_of,
     pair,
+    settled,
 )
 from tests.kv.test_block_transports import KINDS, transport
 
@@ -43,7 +44,7 @@ def test_kv_that_never_comes_times_out_into_a_local_prefill(
                 await decode.prepare_import(f"slow-{kind}", prompt, GREEDY, timeout_s=0.2)
                 is not None
             )
-            return await all_tokens(outputs), decode.stats()
+            return await all_tokens(outputs), await settled(decode)
 
     tokens, stats = asyncio.run(main())
     assert (tokens, stats) == (list(expected), {"fallback_timeout": 1, "pending_imports": 0})
@@ -63,9 +64,7 @@ def test_client_gone_during_transfer_writes_nothing_and_frees_both_sides(
             assert ticket is not None
             decode.abort_import(f"gone-{kind}")
             sent = await prefill.prefill_and_send(ticket, prompt, GREEDY)
-            while decode.stats()["pending_imports"]:
-                await asyncio.sleep(0.01)
-            return sent, prefill.stats(), decode.stats()
+            return sent, prefill.stats(), await settled(decode)
 
     sent, prefill_stats, decode_stats = asyncio.run(main())
     assert sent == 0
@@ -96,8 +95,7 @@ def test_a_timed_out_claimed_import_prefills_locally_at_once_and_frees_its_block
             tokens = await all_tokens(outputs)
             held_while_claimed = not all_blocks_free(decode_engine)
             await sender.release_claim(claim, "the prefill failed")
-            while decode.stats()["pending_imports"]:
-                await asyncio.sleep(0.01)
+            await settled(decode)
             await sender.close()
             return tokens, held_while_claimed, decode.stats()
 

@@ -93,6 +93,16 @@ async def disaggregated(
             return tokens
 
 
+async def settled(service: KVTransferService, timeout_s: float = 30.0) -> dict[str, int]:
+    """The service's counters once no import is pending: an import's request is queued
+    before its reservation is released (a thread that waits for the engine's step lock),
+    so a finished request may still count as pending for a moment."""
+    deadline = time.monotonic() + timeout_s
+    while service.stats()["pending_imports"] and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    return service.stats()
+
+
 def all_blocks_free(engine: LLMEngine) -> bool:
     stats = engine.stats()
     return stats.num_free_kv_blocks == stats.num_kv_blocks
@@ -121,7 +131,7 @@ def test_greedy_output_equals_aggregated_for_concurrent_requests(
             assert isinstance(decode.transport, BlockTransport) == (kind != "tcp")
             moved = sum(movable_blocks(len(p), 8) for p in prompts)
             assert decode.stats()["blocks_received"] == prefill.stats()["blocks_sent"] == moved
-            assert decode.stats()["pending_imports"] == 0
+            assert (await settled(decode))["pending_imports"] == 0
             return got
 
     assert asyncio.run(main()) == expected
@@ -195,7 +205,7 @@ def test_transfer_cut_mid_way_falls_back_and_completes(mockers: list[LLMEngine])
                 sock.sendall(struct.pack(">I", len(header)) + header + b"\0" * 7)
             final = await asyncio.wait_for(done, timeout=30)
             assert final.usage.completion_tokens == GREEDY.max_tokens
-            return decode.stats()
+            return await settled(decode)
 
     stats = asyncio.run(main())
     assert stats == {"fallback_transfer_error": 1, "pending_imports": 0}
@@ -219,7 +229,7 @@ def test_kv_that_never_comes_times_out_into_a_local_prefill(mockers: list[LLMEng
             assert await decode.prepare_import("slow", prompt, GREEDY, timeout_s=0.2) is not None
             final = await asyncio.wait_for(done, timeout=30)
             assert final.usage.completion_tokens == GREEDY.max_tokens
-            return decode.stats()
+            return await settled(decode)
 
     assert asyncio.run(main()) == {"fallback_timeout": 1, "pending_imports": 0}
     assert all_blocks_free(decode_engine)
@@ -237,9 +247,7 @@ def test_client_gone_during_transfer_frees_both_sides(mockers: list[LLMEngine]) 
             assert ticket is not None
             decode.abort_import("gone")
             assert await prefill.prefill_and_send(ticket, prompt, GREEDY) == 10
-            while decode.stats()["pending_imports"]:
-                await asyncio.sleep(0.01)
-            return prefill.stats(), decode.stats()
+            return prefill.stats(), await settled(decode)
 
     sent, received = asyncio.run(main())
     assert sent == {"transfers_sent": 1, "blocks_sent": 10, "pending_imports": 0}
@@ -263,8 +271,7 @@ def test_prefill_slower_than_the_timeout_is_aborted(smollm2_folder: Path) -> Non
             assert ticket is not None
             with pytest.raises(TransferError, match="the prefill took longer than 0.2 s"):
                 await prefill.prefill_and_send(ticket, prompt, GREEDY, timeout_s=0.2)
-            while decode.stats()["pending_imports"]:
-                await asyncio.sleep(0.01)
+            await settled(decode)
             return prefill.stats()
 
     try:

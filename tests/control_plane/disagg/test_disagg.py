@@ -41,11 +41,13 @@ async def settle(stack: Stack) -> list[dict[str, Any]]:
     result = []
     for proxy in stack.proxies:
         for _ in range(100):  # a finished request frees its blocks on the engine's next step
-            stats = await proxy.stats()
-            if stats["num_free_kv_blocks"] == stats["num_kv_blocks"]:
+            stats = {**await proxy.stats(), **await proxy.kv_transfer_stats()}
+            if stats["num_free_kv_blocks"] == stats["num_kv_blocks"] and not stats.get(
+                "pending_imports"
+            ):
                 break
             await asyncio.sleep(0.05)
-        result.append({**stats, **await proxy.kv_transfer_stats()})
+        result.append(stats)
     return result
 
 

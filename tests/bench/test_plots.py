@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -37,12 +40,18 @@ def test_another_json_is_refused_by_name(tmp_path: Path) -> None:
     assert "other.json: no table of numbers to draw" in done.stderr
 
 
-def test_every_stored_result_gets_a_picture(tmp_path: Path) -> None:
+def _picture_of(result: Path) -> bytes:
     from bench.common.plots import plot
 
-    for result in sorted(RESULTS.glob("*.json")):
-        png = plot(Path(shutil.copy(result, tmp_path / result.name)))
-        assert png.read_bytes()[:8] == PNG_MAGIC, result.name
+    return plot(result).read_bytes()[:8]
+
+
+def test_every_stored_result_gets_a_picture(tmp_path: Path) -> None:
+    copies = [Path(shutil.copy(r, tmp_path / r.name)) for r in sorted(RESULTS.glob("*.json"))]
+    context = multiprocessing.get_context("spawn")  # no fork of the test process's threads
+    with ProcessPoolExecutor(max_workers=os.cpu_count() or 1, mp_context=context) as pool:
+        magics = dict(zip((c.name for c in copies), pool.map(_picture_of, copies), strict=True))
+    assert magics == {c.name: PNG_MAGIC for c in copies}
 
 
 def test_a_result_without_its_own_figure_is_drawn_from_its_tables() -> None:

@@ -50,7 +50,7 @@ from dynask.kv.gpu.block_copy import copy_blocks
 from dynask.kv.transfer import BlockClaim, TransferId
 from dynask.kv.transport.control import ControlledBlockTransport, Incoming, Peer, tell
 from dynask.kv.transport.cuda_ipc import bind_device
-from dynask.kv.transport.ucxx_tensor import ucxx_module
+from dynask.kv.transport.ucxx_tensor import ucxx_buffer, ucxx_module
 
 INDEX_BITS = 20  # messages of one transfer: tensors x segments < 2**20
 # Receiver runs up to which a write goes straight into the blocks; more are staged. Every
@@ -85,13 +85,6 @@ def segment_starts(ids: Sequence[int], lengths: Sequence[int]) -> list[int]:
     if offset != len(ids):
         raise ValueError(f"the segments cover {offset} blocks; {len(ids)} are reserved")
     return starts
-
-
-def _buffer(tensor: torch.Tensor) -> Any:
-    """What UCXX sends from or receives into: the bytes of a contiguous tensor (a numpy
-    view on a CPU; on a GPU the tensor, as bytes, since bfloat16 has no array type)."""
-    flat = tensor.reshape(-1).view(torch.uint8)
-    return flat if flat.device.type == "cuda" else flat.numpy()
 
 
 def _row_bytes(caches: Sequence[torch.Tensor]) -> list[int]:
@@ -140,6 +133,7 @@ class UCXXBlockTransport(ControlledBlockTransport):
         self.direct_max_runs = direct_max_runs  # a sender's choice; more runs: staged
         self._ucxx = ucxx_module()
         self._caches: list[torch.Tensor] = []
+        self._rows: list[int] = []  # bytes of one block of each cache tensor
         self._tags: dict[TransferId, int] = {}
 
     async def listen(self, host: str) -> str:
@@ -150,11 +144,12 @@ class UCXXBlockTransport(ControlledBlockTransport):
         if caches:
             bind_device(caches[0].device)
         self._caches = list(caches)
+        self._rows = _row_bytes(self._caches)
 
     def _offer(self) -> list[Any]:
         if not self._caches:
             raise EOFError("this receiver shares no cache")
-        return [self._ucxx.get_worker_address().tobytes(), _row_bytes(self._caches)]
+        return [self._ucxx.get_worker_address().tobytes(), self._rows]
 
     def _extras(self, transfer_id: TransferId, incoming: Incoming) -> list[Any]:
         tag = secrets.randbits(64 - INDEX_BITS) << INDEX_BITS
@@ -177,11 +172,11 @@ class UCXXBlockTransport(ControlledBlockTransport):
             return
         if not lengths:  # staged: one message, then one copy into the blocks
             staging = torch.empty(
-                sum(_row_bytes(self._caches)) * count,
+                sum(self._rows) * count,
                 dtype=torch.uint8,
                 device=self._caches[0].device,
             )
-            receive = self._ucxx.recv(_buffer(staging), tag=tag)
+            receive = self._ucxx.recv(ucxx_buffer(staging), tag=tag)
             landing = self._land_staged(receive, staging, incoming.block_ids)
         else:
             try:
@@ -192,7 +187,7 @@ class UCXXBlockTransport(ControlledBlockTransport):
                 return
             landing = _land(
                 [
-                    self._ucxx.recv(_buffer(tensor[start : start + length]), tag=tag + index)
+                    self._ucxx.recv(ucxx_buffer(tensor[start : start + length]), tag=tag + index)
                     for index, (tensor, start, length) in enumerate(
                         (t, s, n)
                         for t in self._caches
@@ -205,13 +200,13 @@ class UCXXBlockTransport(ControlledBlockTransport):
 
     async def _land_staged(self, receive: Any, staging: torch.Tensor, ids: list[int]) -> None:
         await _land([receive])
-        if len(ids) * sum(_row_bytes(self._caches)) != staging.numel():
+        if len(ids) * sum(self._rows) != staging.numel():
             raise ValueError(f"a staged write of {staging.numel()} bytes for {len(ids)} blocks")
         await asyncio.to_thread(_scattered, staging, self._caches, ids)
 
     def _drain(self, tag: int, count: int, lengths: list[int]) -> None:
         """Receives a write nobody expects into scratch memory, so its sends complete."""
-        rows = _row_bytes(self._caches)
+        rows = self._rows
         sizes = [row * n for row in rows for n in lengths] if lengths else [sum(rows) * count]
         receives = [
             self._ucxx.recv(np.empty(size, dtype=np.uint8), tag=tag + index)
@@ -237,7 +232,7 @@ class UCXXBlockTransport(ControlledBlockTransport):
         if len(lengths) > self.direct_max_runs:  # staged: one message
             flat, _ = await asyncio.to_thread(_gathered, caches, block_ids)
             await tell(peer, ["write", claim.transfer_id, tag, count, []])
-            await _land([endpoint.send(_buffer(flat), tag=tag, force_tag=True)])
+            await _land([endpoint.send(ucxx_buffer(flat), tag=tag, force_tag=True)])
             return
         if gather:
             _, sources = await asyncio.to_thread(_gathered, caches, block_ids)
@@ -246,7 +241,9 @@ class UCXXBlockTransport(ControlledBlockTransport):
             sources, starts = list(caches), segment_starts(block_ids, lengths)
         await tell(peer, ["write", claim.transfer_id, tag, count, lengths])
         sends = [
-            endpoint.send(_buffer(tensor[start : start + length]), tag=tag + index, force_tag=True)
+            endpoint.send(
+                ucxx_buffer(tensor[start : start + length]), tag=tag + index, force_tag=True
+            )
             for index, (tensor, start, length) in enumerate(
                 (t, s, n) for t in sources for s, n in zip(starts, lengths, strict=True)
             )

@@ -55,11 +55,11 @@ def ucxx_module() -> Any:
     return ucxx
 
 
-def _buffer(tensor: torch.Tensor) -> Any:
-    """What UCXX sends from or receives into: a numpy view (CPU) or the tensor (CUDA)."""
-    if tensor.device.type == "cuda":
-        return tensor
-    return tensor.reshape(-1).view(torch.uint8).numpy()
+def ucxx_buffer(tensor: torch.Tensor) -> Any:
+    """What UCXX sends from or receives into: the bytes of a contiguous tensor (a numpy
+    view on a CPU; on a GPU the tensor, as bytes, since bfloat16 has no array type)."""
+    flat = tensor.reshape(-1).view(torch.uint8)
+    return flat if flat.device.type == "cuda" else flat.numpy()
 
 
 class UCXXTransport:
@@ -95,7 +95,7 @@ class UCXXTransport:
         async with lock:
             try:
                 await endpoint.send(frame)
-                await endpoint.send(_buffer(kv))
+                await endpoint.send(ucxx_buffer(kv))
             except self._ucxx.exceptions.UCXError as exc:
                 self._endpoints.pop(address, None)
                 raise TransferError(f"sending transfer {transfer_id} to {address}: {exc}") from exc
@@ -137,7 +137,7 @@ class UCXXTransport:
                 if destination is None:
                     await endpoint.recv(np.empty(header.nbytes, dtype=np.uint8))
                 else:
-                    await endpoint.recv(_buffer(destination))
+                    await endpoint.recv(ucxx_buffer(destination))
                     self.expectations.complete(header.transfer_id)
                 header = None
         except (self._ucxx.exceptions.UCXError, TransferError) as exc:

@@ -209,10 +209,10 @@ def test_caches_of_another_shape_are_refused_before_any_byte_moves() -> None:
 
 def test_np_is_the_buffer_of_a_cpu_cache() -> None:
     """CPU caches go to UCX as zero-copy numpy views of the block slice."""
-    from dynask.kv.transport.ucxx_blocks import _buffer
+    from dynask.kv.transport.ucxx_tensor import ucxx_buffer
 
     tensor = torch.arange(24, dtype=torch.float32).view(6, 4)
-    view = _buffer(tensor[2:4])
+    view = ucxx_buffer(tensor[2:4])
     assert isinstance(view, np.ndarray) and view.dtype == np.uint8 and view.size == 32
     view[:4] = np.frombuffer(np.float32(-1).tobytes(), dtype=np.uint8)
     assert tensor[2, 0].item() == -1.0

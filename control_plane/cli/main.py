@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 from dynask.control_plane.cli.admin_command import add_admin_parser, admin_command
@@ -142,6 +144,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
+    _let_ctrl_c_stop_this_process()
     logging.basicConfig(
         level=args.log_level.upper() if hasattr(args, "log_level") else "WARNING",
         format="%(levelname)s %(name)s: %(message)s",
@@ -164,6 +167,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _let_ctrl_c_stop_this_process() -> None:
+    """A shell starts ``dynask run ... &`` with SIGINT ignored, and Python then never
+    raises KeyboardInterrupt; a server is stopped with Ctrl-C (SIGINT) all the same."""
+    if threading.current_thread() is threading.main_thread() and (
+        signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    ):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _db_command(args: argparse.Namespace) -> int:

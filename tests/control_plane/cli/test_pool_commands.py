@@ -44,9 +44,14 @@ def test_wrong_pool_commands_say_what_is_wrong(
     assert message in capsys.readouterr().err
 
 
-def _node(folder: Path, scheduler: str, name: str, engine: str = "echo") -> subprocess.Popen[bytes]:
+def _node(
+    folder: Path, scheduler: str, name: str, engine: str = "echo", sigint_ignored: bool = False
+) -> subprocess.Popen[bytes]:
     argv = [DYNASK, "run", "in=dyn://chat", f"out={engine}", "--model-name", "chat"]
-    return sp.start([*argv, "--scheduler", scheduler], folder / f"{name}.log")
+    argv += ["--scheduler", scheduler]
+    if sigint_ignored:  # as a script's ``dynask run ... &`` starts it
+        argv = ["sh", "-c", 'trap "" INT; exec "$@"', "sh", *argv]
+    return sp.start(argv, folder / f"{name}.log")
 
 
 def _engines_become(base: str, count: int, timeout: float = 120) -> list[dict[str, object]]:
@@ -65,7 +70,7 @@ def _engines_become(base: str, count: int, timeout: float = 120) -> list[dict[st
 def test_nodes_join_a_pool_and_a_front_end_serves_it(
     dask_cluster: DaskProcesses, tmp_path: Path
 ) -> None:
-    first = _node(tmp_path, dask_cluster.address, "node-1")
+    first = _node(tmp_path, dask_cluster.address, "node-1", sigint_ignored=True)
     nodes = [first]
     try:
         sp.wait_for_log(tmp_path / "node-1.log", JOINED, first)

@@ -225,11 +225,13 @@ class ControlledBlockTransport:
     # ---- receiving side ---------------------------------------------------------------
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        begun: set[TransferId] = set()
+        begun: set[TransferId] = set()  # not yet done or aborted
+        announced: set[TransferId] = set()  # every transfer begun on this connection
         try:
             while True:
                 message = await _read(reader)
                 reply = self._answer(message, begun)
+                announced |= begun
                 if message[0] not in self.NO_ANSWER:
                     await _write(writer, reply)
         except CONNECTION_ERRORS:
@@ -237,7 +239,11 @@ class ControlledBlockTransport:
         finally:
             for transfer_id in begun:
                 self._fail(transfer_id, "the sender's connection broke mid-write")
+            self._sender_gone([t for t in announced if t in self._incoming])
             writer.close()
+
+    def _sender_gone(self, transfer_ids: list[TransferId]) -> None:
+        """The connection of the sender of ``transfer_ids`` (still unsettled) broke."""
 
     def _answer(self, message: list[Any], begun: set[TransferId]) -> list[Any]:
         verb = message[0]

@@ -28,9 +28,12 @@ Design decisions:
   or without torch's allocator cache, and the cause is not found.
 - UCXX cannot cancel one posted receive, so posted receives keep their blocks: a
   transfer is settled (its blocks reusable) only once every receive has completed or
-  failed. A sender that dies between announcing a write and sending it leaves the
-  receives pending and those blocks held (the request itself was queued for a local
-  prefill at once): memory that is reused is never written into afterwards.
+  failed, and memory that is reused is never written into afterwards. When a sender's
+  control connection breaks before its bytes have landed (it died between ``write`` and
+  its sends, or after ``done`` with bytes still on the way), the transfer fails and the
+  receiver completes its own pending receives: it sends scratch bytes of their sizes,
+  with their tags, to its own worker. Bytes of that sender's that still come then find
+  no receive and never reach the blocks.
 - A write announced for a transfer this receiver no longer has is received into scratch
   memory and dropped, so the sender's sends complete. ``write`` carries the tag, the
   block count and the run lengths (none: staged), enough to drain it.
@@ -41,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -57,6 +61,7 @@ INDEX_BITS = 20  # messages of one transfer: tensors x segments < 2**20
 # write is direct by default: a staged write crashed the receiving process on the H200
 # (module docstring), so staging is only there to be measured (bench.disaggregation).
 DIRECT_MAX_RUNS = 1 << INDEX_BITS
+UNBLOCK_TIMEOUT_S = 30.0  # completing a gone sender's receives from this worker
 
 
 def plan_segments(src_ids: Sequence[int], dst_ids: Sequence[int]) -> tuple[list[int], bool]:
@@ -135,6 +140,9 @@ class UCXXBlockTransport(ControlledBlockTransport):
         self._caches: list[torch.Tensor] = []
         self._rows: list[int] = []  # bytes of one block of each cache tensor
         self._tags: dict[TransferId, int] = {}
+        self._posted: dict[TransferId, list[PostedReceive]] = {}
+        self._loopback: Any = None  # an endpoint to this process's own UCX worker
+        self._unblocking: set[asyncio.Future[None]] = set()
 
     async def listen(self, host: str) -> str:
         self._ucxx.continuous_ucx_progress()  # the posted receives progress on this loop
@@ -160,6 +168,7 @@ class UCXXBlockTransport(ControlledBlockTransport):
         super()._settle(transfer_id)
         if transfer_id not in self._incoming:
             self._tags.pop(transfer_id, None)
+            self._posted.pop(transfer_id, None)
 
     def _announced(self, message: list[Any], incoming: Incoming | None) -> None:
         if message[0] != "write":
@@ -176,8 +185,8 @@ class UCXXBlockTransport(ControlledBlockTransport):
                 dtype=torch.uint8,
                 device=self._caches[0].device,
             )
-            receive = self._ucxx.recv(ucxx_buffer(staging), tag=tag)
-            landing = self._land_staged(receive, staging, incoming.block_ids)
+            posted = [self._post(staging, tag)]
+            landing = self._land_staged(posted[0].task, staging, incoming.block_ids)
         else:
             try:
                 starts = segment_starts(incoming.block_ids, lengths)
@@ -185,18 +194,51 @@ class UCXXBlockTransport(ControlledBlockTransport):
                 self._drain(sent_tag, count, lengths)
                 self._fail(transfer_id, f"the sender's segments do not fit: {exc}")
                 return
-            landing = _land(
-                [
-                    self._ucxx.recv(ucxx_buffer(tensor[start : start + length]), tag=tag + index)
-                    for index, (tensor, start, length) in enumerate(
-                        (t, s, n)
-                        for t in self._caches
-                        for s, n in zip(starts, lengths, strict=True)
-                    )
-                ]
-            )
+            posted = [
+                self._post(tensor[start : start + length], tag + index)
+                for index, (tensor, start, length) in enumerate(
+                    (t, s, n) for t in self._caches for s, n in zip(starts, lengths, strict=True)
+                )
+            ]
+            landing = _land([p.task for p in posted])
+        self._posted[transfer_id] = posted
         incoming.landing = asyncio.ensure_future(landing)
         incoming.landing.add_done_callback(_retrieved)  # a failure is the transfer's, read there
+
+    def _post(self, destination: torch.Tensor, tag: int) -> PostedReceive:
+        task = asyncio.ensure_future(self._ucxx.recv(ucxx_buffer(destination), tag=tag))
+        return PostedReceive(tag, destination.numel() * destination.element_size(), task)
+
+    def _sender_gone(self, transfer_ids: list[TransferId]) -> None:
+        for transfer_id in transfer_ids:
+            incoming = self._incoming.get(transfer_id)
+            landing = None if incoming is None else incoming.landing
+            if landing is not None and not landing.done():
+                self._fail(transfer_id, "the sender's connection broke before its bytes landed")
+                self._unblock(transfer_id)
+
+    def _unblock(self, transfer_id: TransferId) -> None:
+        """Completes the transfer's pending receives from this worker (module docstring)."""
+        pending = [p for p in self._posted.get(transfer_id, []) if not p.task.done()]
+        if pending:
+            sending = asyncio.ensure_future(self._send_to_self(pending))
+            self._unblocking.add(sending)
+            sending.add_done_callback(self._unblocking.discard)
+            sending.add_done_callback(_retrieved)
+
+    async def _send_to_self(self, pending: list[PostedReceive]) -> None:
+        if self._loopback is None:
+            self._loopback = await self._ucxx.create_endpoint_from_worker_address(
+                self._ucxx.get_worker_address()
+            )
+        scratch = torch.zeros(
+            max(p.nbytes for p in pending), dtype=torch.uint8, device=self._caches[0].device
+        )
+        sends = [
+            self._loopback.send(ucxx_buffer(scratch[: p.nbytes]), tag=p.tag, force_tag=True)
+            for p in pending
+        ]
+        await asyncio.wait_for(_land(sends), UNBLOCK_TIMEOUT_S)
 
     async def _land_staged(self, receive: Any, staging: torch.Tensor, ids: list[int]) -> None:
         await _land([receive])
@@ -259,10 +301,25 @@ class UCXXBlockTransport(ControlledBlockTransport):
 
     async def close(self) -> None:
         endpoints = [peer.opened for peer in self._peers.values() if peer.opened is not None]
+        for transfer_id in list(self._incoming):
+            self._fail(transfer_id, "the transport closed")
+            self._unblock(transfer_id)
+        await asyncio.gather(*self._unblocking, return_exceptions=True)
+        if self._loopback is not None:
+            endpoints.append(self._loopback)
         await super().close()
         for endpoint in endpoints:
             if not endpoint.closed:
                 await endpoint.close()
+
+
+@dataclass(frozen=True)
+class PostedReceive:
+    """One receive posted on this worker for a transfer's message."""
+
+    tag: int
+    nbytes: int
+    task: asyncio.Future[Any]
 
 
 def _retrieved(future: asyncio.Future[None]) -> None:

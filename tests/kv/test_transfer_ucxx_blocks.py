@@ -15,6 +15,7 @@ import torch
 
 from dynask.kv.transfer import TransferError, TransferId
 from dynask.kv.transport.ucxx_blocks import UCXXBlockTransport, plan_segments, segment_starts
+from dynask.kv.transport.ucxx_tensor import ucxx_buffer
 from tests.kv.test_block_transports import caches
 from tests.system_tools import require_module
 
@@ -97,6 +98,72 @@ def test_done_before_the_bytes_land_completes_only_when_they_have() -> None:
     for mine, theirs in zip(received, caches(8, seed=5), strict=True):
         assert torch.equal(mine[[5, 6, 2]], theirs[[0, 1, 4]])
         assert bool((mine[[0, 1, 3, 4, 7]] == -1).all())
+
+
+@pytest.mark.parametrize("said_done", [False, True])
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+        ),
+    ],
+)
+def test_a_sender_gone_before_its_bytes_land_fails_the_transfer_and_frees_its_blocks(
+    said_done: bool, device: str
+) -> None:
+    """A sender announces a write, sends one of its eight messages (and maybe ``done``),
+    and its connection breaks: the transfer fails, the receiver completes the pending
+    receives itself, and the transfer settles (its blocks reusable), as does a transfer
+    still pending when the transport closes."""
+    ucxx = require_module("ucxx", "ucxx-cu12")
+
+    async def main() -> tuple[str, bool, bool]:
+        receiver = UCXXBlockTransport()
+        receiver.share([t.to(device) for t in caches(8, seed=None)])
+        address = await receiver.listen("127.0.0.1")
+        arrived = receiver.expect_blocks(TransferId("t"), [5, 6, 2])
+        reader, writer = await _control(address)
+        await _say(writer, ["offer"])
+        worker_address, _ = await _hear(reader)
+        await _say(writer, ["begin", "t", 3])
+        _, _, tag = await _hear(reader)
+        await _say(writer, ["write", "t", tag, 3, [2, 1]])
+        if said_done:
+            await _say(writer, ["done", "t"])
+        endpoint = await ucxx.create_endpoint_from_worker_address(
+            ucxx.get_ucx_address_from_buffer(worker_address)
+        )
+        data = ucxx_buffer(caches(8, seed=5)[0][0:2].to(device))
+        await endpoint.send(data, tag=tag, force_tag=True)  # 1 of 4 tensors x 2 runs
+        await endpoint.close()
+        writer.close()  # the sender is gone
+        with pytest.raises(TransferError) as raised:
+            await asyncio.wait_for(arrived, 5)
+        await asyncio.wait_for(receiver.writes_done(TransferId("t")), 10)
+        settled_after_the_sender = not receiver._incoming
+
+        # A transfer whose write was announced, and nothing sent, when the transport closes.
+        later = receiver.expect_blocks(TransferId("u"), [0, 1])
+        reader, writer = await _control(address)
+        await _say(writer, ["begin", "u", 2])
+        _, _, tag = await _hear(reader)
+        await _say(writer, ["write", "u", tag, 2, [2]])
+        await asyncio.sleep(0.1)
+        await asyncio.wait_for(receiver.close(), 10)
+        writer.close()
+        closed = later.done() and later.exception() is not None and not receiver._incoming
+        return str(raised.value), settled_after_the_sender, closed
+
+    error, settled, closed = asyncio.run(main())
+    assert error == "transfer t failed: " + (
+        "the sender's connection broke before its bytes landed"
+        if said_done
+        else "the sender's connection broke mid-write"
+    )
+    assert (settled, closed) == (True, True)
 
 
 def test_segments_that_do_not_fit_the_reserved_blocks_fail_the_transfer() -> None:
@@ -209,8 +276,6 @@ def test_caches_of_another_shape_are_refused_before_any_byte_moves() -> None:
 
 def test_np_is_the_buffer_of_a_cpu_cache() -> None:
     """CPU caches go to UCX as zero-copy numpy views of the block slice."""
-    from dynask.kv.transport.ucxx_tensor import ucxx_buffer
-
     tensor = torch.arange(24, dtype=torch.float32).view(6, 4)
     view = ucxx_buffer(tensor[2:4])
     assert isinstance(view, np.ndarray) and view.dtype == np.uint8 and view.size == 32

@@ -53,6 +53,29 @@ async def _hear(reader: asyncio.StreamReader) -> list[Any]:
     return reply
 
 
+async def _offered(
+    receiver: UCXXBlockTransport, cache: list[torch.Tensor]
+) -> tuple[str, asyncio.StreamReader, asyncio.StreamWriter, bytes, list[int]]:
+    """``receiver`` listening over ``cache``, and a sender's control connection to it that
+    has heard the offer (the receiver's worker address and block rows)."""
+    receiver.share(cache)
+    address = await receiver.listen("127.0.0.1")
+    reader, writer = await _control(address)
+    await _say(writer, ["offer"])
+    worker_address, rows = await _hear(reader)
+    return address, reader, writer, worker_address, rows
+
+
+async def _begin(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, transfer: str, count: int
+) -> tuple[list[int], int]:
+    """The ``begin`` round trip: the reserved block ids and the transfer's tag base."""
+    await _say(writer, ["begin", transfer, count])
+    ok, block_ids, tag = await _hear(reader)
+    assert ok == "ok"
+    return block_ids, tag
+
+
 def test_done_before_the_bytes_land_completes_only_when_they_have() -> None:
     """A sender's ``done`` may overtake its bytes (eager sends complete before they land):
     the transfer completes, and its blocks are released, only once every posted receive
@@ -60,17 +83,11 @@ def test_done_before_the_bytes_land_completes_only_when_they_have() -> None:
     ucxx = require_module("ucxx", "ucxx-cu12")
 
     async def main() -> tuple[bool, bool, list[torch.Tensor]]:
-        receiver = UCXXBlockTransport()
-        mine = caches(8, seed=None)
-        receiver.share(mine)
-        address = await receiver.listen("127.0.0.1")
+        receiver, mine = UCXXBlockTransport(), caches(8, seed=None)
+        _, reader, writer, worker_address, rows = await _offered(receiver, mine)
         arrived = receiver.expect_blocks(TransferId("t"), [5, 6, 2])
-        reader, writer = await _control(address)
-        await _say(writer, ["offer"])
-        worker_address, rows = await _hear(reader)
-        await _say(writer, ["begin", "t", 3])
-        ok, block_ids, tag = await _hear(reader)
-        assert (ok, block_ids, rows) == ("ok", [5, 6, 2], [256] * 4)
+        block_ids, tag = await _begin(reader, writer, "t", 3)
+        assert (block_ids, rows) == ([5, 6, 2], [256] * 4)
         await _say(writer, ["write", "t", tag, 3, [2, 1]])
         await _say(writer, ["done", "t"])
         settling = asyncio.ensure_future(receiver.writes_done(TransferId("t")))
@@ -122,14 +139,10 @@ def test_a_sender_gone_before_its_bytes_land_fails_the_transfer_and_frees_its_bl
 
     async def main() -> tuple[str, bool, bool]:
         receiver = UCXXBlockTransport()
-        receiver.share([t.to(device) for t in caches(8, seed=None)])
-        address = await receiver.listen("127.0.0.1")
+        mine = [t.to(device) for t in caches(8, seed=None)]
+        address, reader, writer, worker_address, _ = await _offered(receiver, mine)
         arrived = receiver.expect_blocks(TransferId("t"), [5, 6, 2])
-        reader, writer = await _control(address)
-        await _say(writer, ["offer"])
-        worker_address, _ = await _hear(reader)
-        await _say(writer, ["begin", "t", 3])
-        _, _, tag = await _hear(reader)
+        _, tag = await _begin(reader, writer, "t", 3)
         await _say(writer, ["write", "t", tag, 3, [2, 1]])
         if said_done:
             await _say(writer, ["done", "t"])
@@ -148,8 +161,7 @@ def test_a_sender_gone_before_its_bytes_land_fails_the_transfer_and_frees_its_bl
         # A transfer whose write was announced, and nothing sent, when the transport closes.
         later = receiver.expect_blocks(TransferId("u"), [0, 1])
         reader, writer = await _control(address)
-        await _say(writer, ["begin", "u", 2])
-        _, _, tag = await _hear(reader)
+        _, tag = await _begin(reader, writer, "u", 2)
         await _say(writer, ["write", "u", tag, 2, [2]])
         await asyncio.sleep(0.1)
         await asyncio.wait_for(receiver.close(), 10)
@@ -175,8 +187,7 @@ def test_segments_that_do_not_fit_the_reserved_blocks_fail_the_transfer() -> Non
         address = await receiver.listen("127.0.0.1")
         arrived = receiver.expect_blocks(TransferId("t"), [5, 6, 2])
         reader, writer = await _control(address)
-        await _say(writer, ["begin", "t", 3])
-        _, _, tag = await _hear(reader)
+        _, tag = await _begin(reader, writer, "t", 3)
         await _say(writer, ["write", "t", tag, 3, [3]])  # 5, 6, 2 is not one run
         await asyncio.wait({arrived}, timeout=5)
         writer.close()
@@ -230,11 +241,7 @@ def test_a_staged_write_nobody_expects_is_drained_and_the_sender_finishes() -> N
 
     async def main() -> bool:
         receiver = UCXXBlockTransport()
-        receiver.share(caches(8, seed=None))
-        address = await receiver.listen("127.0.0.1")
-        reader, writer = await _control(address)
-        await _say(writer, ["offer"])
-        worker_address, _ = await _hear(reader)
+        _, _, writer, worker_address, _ = await _offered(receiver, caches(8, seed=None))
         await _say(writer, ["write", "nobody", 7 << 20, 2048, []])
         endpoint = await ucxx.create_endpoint_from_worker_address(
             ucxx.get_ucx_address_from_buffer(worker_address)

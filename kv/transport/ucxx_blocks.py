@@ -29,11 +29,12 @@ Design decisions:
 - UCXX cannot cancel one posted receive, so posted receives keep their blocks: a
   transfer is settled (its blocks reusable) only once every receive has completed or
   failed, and memory that is reused is never written into afterwards. When a sender's
-  control connection breaks before its bytes have landed (it died between ``write`` and
-  its sends, or after ``done`` with bytes still on the way), the transfer fails and the
+  control connection breaks mid-write (before ``done``), the transfer fails and the
   receiver completes its own pending receives: it sends scratch bytes of their sizes,
-  with their tags, to its own worker. Bytes of that sender's that still come then find
-  no receive and never reach the blocks.
+  with their tags, to its own worker; bytes of that sender's that still come find no
+  receive and never reach the blocks. A sender that said ``done`` has finished its sends
+  and may exit while its bytes are still on the way: those get ``lost_sender_grace_s``
+  to land before the transfer fails the same way.
 - A write announced for a transfer this receiver no longer has is received into scratch
   memory and dropped, so the sender's sends complete. ``write`` carries the tag, the
   block count and the run lengths (none: staged), enough to drain it.
@@ -62,6 +63,7 @@ INDEX_BITS = 20  # messages of one transfer: tensors x segments < 2**20
 # (module docstring), so staging is only there to be measured (bench.disaggregation).
 DIRECT_MAX_RUNS = 1 << INDEX_BITS
 UNBLOCK_TIMEOUT_S = 30.0  # completing a gone sender's receives from this worker
+LOST_SENDER_GRACE_S = 10.0  # for the bytes of a sender that said done, then disconnected
 
 
 def plan_segments(src_ids: Sequence[int], dst_ids: Sequence[int]) -> tuple[list[int], bool]:
@@ -143,6 +145,7 @@ class UCXXBlockTransport(ControlledBlockTransport):
         self._posted: dict[TransferId, list[PostedReceive]] = {}
         self._loopback: Any = None  # an endpoint to this process's own UCX worker
         self._unblocking: set[asyncio.Future[None]] = set()
+        self.lost_sender_grace_s = LOST_SENDER_GRACE_S
 
     async def listen(self, host: str) -> str:
         self._ucxx.continuous_ucx_progress()  # the posted receives progress on this loop
@@ -212,10 +215,25 @@ class UCXXBlockTransport(ControlledBlockTransport):
     def _sender_gone(self, transfer_ids: list[TransferId]) -> None:
         for transfer_id in transfer_ids:
             incoming = self._incoming.get(transfer_id)
-            landing = None if incoming is None else incoming.landing
-            if landing is not None and not landing.done():
-                self._fail(transfer_id, "the sender's connection broke before its bytes landed")
+            if incoming is None or incoming.landing is None or incoming.landing.done():
+                continue
+            if incoming.future.done():  # failed mid-write: its bytes may never come
                 self._unblock(transfer_id)
+            else:  # it said done: its bytes get a grace period to land
+                asyncio.get_running_loop().call_later(
+                    self.lost_sender_grace_s, self._give_up_on, transfer_id, incoming
+                )
+
+    def _give_up_on(self, transfer_id: TransferId, incoming: Incoming) -> None:
+        landing = incoming.landing
+        if self._incoming.get(transfer_id) is not incoming or landing is None or landing.done():
+            return
+        self._fail(
+            transfer_id,
+            f"its bytes did not land within {self.lost_sender_grace_s:g} s of the "
+            "sender's disconnection",
+        )
+        self._unblock(transfer_id)
 
     def _unblock(self, transfer_id: TransferId) -> None:
         """Completes the transfer's pending receives from this worker (module docstring)."""

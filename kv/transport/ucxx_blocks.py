@@ -129,6 +129,15 @@ def _scattered(flat: torch.Tensor, caches: Sequence[torch.Tensor], ids: list[int
     copy_blocks(_views(flat, caches, len(ids)), list(range(len(ids))), caches, ids)
 
 
+@dataclass(frozen=True)
+class PostedReceive:
+    """One receive posted on this worker for a transfer's message."""
+
+    tag: int
+    nbytes: int
+    task: asyncio.Future[Any]
+
+
 class UCXXBlockTransport(ControlledBlockTransport):
     """Block transport over UCXX (see the module docstring)."""
 
@@ -319,25 +328,15 @@ class UCXXBlockTransport(ControlledBlockTransport):
 
     async def close(self) -> None:
         endpoints = [peer.opened for peer in self._peers.values() if peer.opened is not None]
+        await super().close()  # fails every transfer; those with pending receives stay
         for transfer_id in list(self._incoming):
-            self._fail(transfer_id, "the transport closed")
             self._unblock(transfer_id)
         await asyncio.gather(*self._unblocking, return_exceptions=True)
         if self._loopback is not None:
             endpoints.append(self._loopback)
-        await super().close()
         for endpoint in endpoints:
             if not endpoint.closed:
                 await endpoint.close()
-
-
-@dataclass(frozen=True)
-class PostedReceive:
-    """One receive posted on this worker for a transfer's message."""
-
-    tag: int
-    nbytes: int
-    task: asyncio.Future[Any]
 
 
 def _retrieved(future: asyncio.Future[None]) -> None:

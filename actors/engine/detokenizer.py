@@ -10,10 +10,42 @@ text that could still turn into a stop string is held back until it cannot.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 _REPLACEMENT = "\ufffd"
 _PROMPT_CONTEXT_TOKENS = 6  # prompt tail that gives the first output token its context
+
+
+def ids_decoder(tokenizer: Any, skip_special_tokens: bool) -> Callable[[list[int]], str]:
+    """``tokenizer.decode`` of a list of ids, straight to the Rust ``tokenizers`` object of a
+    fast HF tokenizer when that gives the same text (no space clean-up to apply).
+
+    Every output token is decoded twice (the window and its prefix); transformers' Python
+    wrapper around the Rust call (argument conversion, the clean-up check) cost ~5x the
+    decode itself, ~2 ms a step at 256 rows on the H200's host (issue 19).
+    """
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if _is_rust_tokenizer(backend) and not getattr(tokenizer, "clean_up_tokenization_spaces", 1):
+        decode = backend.decode
+
+        def direct(tokens: list[int]) -> str:
+            return str(decode(tokens, skip_special_tokens=skip_special_tokens))
+
+        return direct
+
+    def wrapped(tokens: list[int]) -> str:
+        return str(tokenizer.decode(tokens, skip_special_tokens=skip_special_tokens))
+
+    return wrapped
+
+
+def _is_rust_tokenizer(backend: Any) -> bool:
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:  # pragma: no cover - transformers' fast tokenizers need it
+        return False
+    return isinstance(backend, Tokenizer)
 
 
 class IncrementalDetokenizer:
@@ -26,8 +58,7 @@ class IncrementalDetokenizer:
         stop: tuple[str, ...] = (),
         skip_special_tokens: bool = True,
     ) -> None:
-        self._tokenizer = tokenizer
-        self._skip_special = skip_special_tokens
+        self._decode_ids = ids_decoder(tokenizer, skip_special_tokens)
         self._tokens = list(prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:])
         self._prefix_offset = 0
         self._read_offset = len(self._tokens)
@@ -55,7 +86,7 @@ class IncrementalDetokenizer:
         return delta
 
     def _decode(self, tokens: list[int]) -> str:
-        return str(self._tokenizer.decode(tokens, skip_special_tokens=self._skip_special))
+        return self._decode_ids(tokens)
 
     def _check_stop(self) -> None:
         if not self._stop or self.stopped_by:

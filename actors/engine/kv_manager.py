@@ -165,6 +165,8 @@ class KVCacheManager:
         """
         computed = seq.num_computed_tokens + hit.num_blocks * self.block_size
         blocks_needed = ceil_div(computed + num_new_tokens, self.block_size)
+        if blocks_needed <= len(seq.blocks) and hit is NO_HIT:
+            return True  # most decode steps: the last block still has room
         new_blocks = blocks_needed - len(seq.blocks) - len(hit.blocks)  # lower: new blocks too
         revived = sum(1 for block in hit.blocks if block.ref_cnt == 0)
         if new_blocks > self.pool.num_free_blocks - revived:

@@ -50,6 +50,9 @@ class Sequence:
     generator: torch.Generator = field(default_factory=torch.Generator)  # re-seeded per draw
     token_counts: TokenCounts | None = None  # penalties' state (logits.processing)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # per output token, if asked
+    # The ids of ``blocks``, read once per block (``step_plan.block_ids``): the list they
+    # were read from and the ids. ``blocks`` only grows in place or is replaced.
+    block_id_memo: tuple[list[Block], list[int]] | None = None
 
     @property
     def num_tokens(self) -> int:

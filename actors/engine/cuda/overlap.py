@@ -165,11 +165,12 @@ class AsyncDecodes:
         # Every running sequence must have sampled in the step (none left prefilling).
         if may_continue and live and len(live) == len(self.scheduler.running):
             self._launch_next(current, live)
-        tokens = current.pending.tokens()
-        token_of: dict[int, int] = {i: tokens[row] for row, i in enumerate(current.sampled)}
         applied = [i for i, chunk in enumerate(chunks) if _runs(chunk)]
         step = SchedulerOutput([chunks[i] for i in applied])
-        return self.scheduler.postprocess(step, [token_of.get(i) for i in applied])
+        self.scheduler.count_computed(step)  # while the GPU still runs the step
+        tokens = current.pending.tokens()
+        token_of: dict[int, int] = {i: tokens[row] for row, i in enumerate(current.sampled)}
+        return self.scheduler.postprocess(step, [token_of.get(i) for i in applied], counted=True)
 
     def _launch_next(self, current: InflightStep, live: list[tuple[int, ScheduledChunk]]) -> None:
         ahead = [(row, c) for row, c in live if overlaps(c.seq, 1, self.max_model_len)]

@@ -42,7 +42,7 @@ from dynask.actors.engine.cuda.triton_attention import (
     prefill_tiles,
 )
 from dynask.actors.engine.model import CausalLM
-from dynask.actors.engine.step_plan import StepPlan, StepRows
+from dynask.actors.engine.step_plan import StepPlan, StepRows, host_tensor
 from dynask.kv.block import ceil_div
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ def to_device(
     device: torch.device,
 ) -> torch.Tensor:
     """One pinned host tensor, copied without waiting for the GPU."""
-    host = torch.tensor(rows, dtype=dtype).pin_memory()
+    host = host_tensor(rows, dtype).pin_memory()
     return host.to(device, non_blocking=True)
 
 
@@ -233,15 +233,15 @@ class DecodeGraphs:
             raise ValueError(f"decode batch of {rows} rows exceeds the largest graph bucket")
         width = max(len(t) for t in tables)
         if isinstance(ids, torch.Tensor):
-            host = torch.tensor([positions, slots])
+            host = host_tensor([positions, slots], torch.long)
             self._longs[1:, :rows].copy_(host.pin_memory(), non_blocking=True)
             self._longs[0, :rows].copy_(ids)
         else:
-            host = torch.tensor([ids, positions, slots])
+            host = host_tensor([ids, positions, slots], torch.long)
             self._longs[:, :rows].copy_(host.pin_memory(), non_blocking=True)
-        lengths = torch.tensor([p + 1 for p in positions], dtype=torch.int32)
+        lengths = host_tensor([p + 1 for p in positions], torch.int32)
         self._lens[:rows].copy_(lengths.pin_memory(), non_blocking=True)
-        host_tables = torch.tensor([block_row(t, width) for t in tables], dtype=torch.int32)
+        host_tables = host_tensor([block_row(t, width) for t in tables], torch.int32)
         self._tables[:rows, :width].copy_(host_tables.pin_memory(), non_blocking=True)
         if rows < batch:
             self._fill_padding(rows)
@@ -269,8 +269,8 @@ class DecodeGraphs:
         width = max(len(t) for t in tables)
         plan = to_device([positions, slots], torch.long, device)  # [2, steps, rows]
         lengths = to_device([[p + 1 for p in row] for row in positions], torch.int32, device)
-        self._longs[0, :rows].copy_(torch.tensor(ids).pin_memory(), non_blocking=True)
-        host_tables = torch.tensor([block_row(t, width) for t in tables], dtype=torch.int32)
+        self._longs[0, :rows].copy_(host_tensor(ids, torch.long).pin_memory(), non_blocking=True)
+        host_tables = host_tensor([block_row(t, width) for t in tables], torch.int32)
         self._tables[:rows, :width].copy_(host_tables.pin_memory(), non_blocking=True)
         if rows < batch:
             self._fill_padding(rows)

@@ -58,3 +58,37 @@ def test_partial_stop_prefix_is_released_when_it_does_not_complete(tokenizer: An
 
     assert detok.stopped_by is None
     assert "".join(deltas) == "a stop? no, a stoplight"
+
+
+@pytest.mark.parametrize("skip_special", [True, False])
+def test_the_direct_decoder_gives_the_tokenizers_own_text(
+    tokenizer: Any, skip_special: bool
+) -> None:
+    import random
+
+    from dynask.actors.engine.detokenizer import ids_decoder
+
+    assert not tokenizer.clean_up_tokenization_spaces  # SmolLM2's: the direct path applies
+    decode = ids_decoder(tokenizer, skip_special)
+    assert decode.__name__ == "direct"
+    draw = random.Random(7)
+    special = list(tokenizer.all_special_ids)
+    for _ in range(200):
+        ids = [draw.randrange(tokenizer.vocab_size) for _ in range(draw.randrange(1, 12))]
+        ids.insert(draw.randrange(len(ids) + 1), draw.choice(special))
+        assert decode(ids) == tokenizer.decode(ids, skip_special_tokens=skip_special)
+
+
+def test_a_tokenizer_that_cleans_up_spaces_keeps_its_own_decode(tokenizer: Any) -> None:
+    from dynask.actors.engine.detokenizer import ids_decoder
+
+    class CleaningUp:
+        _tokenizer = tokenizer._tokenizer
+        clean_up_tokenization_spaces = True
+
+        def decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+            return "cleaned:" + tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    decode = ids_decoder(CleaningUp(), True)
+    assert decode.__name__ == "wrapped"
+    assert decode(tokenizer.encode("a . b")) == "cleaned:a . b"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.engine.floors import DecodeShape, decode_floors, decode_ops
+from bench.engine.floors import DecodeShape, decode_floors, decode_ops, prefill_flops
 
 # hidden 4, 2 layers, 2 query heads and 1 KV head of dim 2, intermediate 8, vocab 10, bf16.
 SHAPE = DecodeShape(
@@ -36,3 +36,12 @@ def test_memory_floor_and_roofline() -> None:
     assert compute_bound.flops == 2448
     assert compute_bound.roofline_s == pytest.approx(2448 / 10.0)
     assert compute_bound.roofline_s > compute_bound.memory_floor_s
+
+
+def test_prefill_flops_count_projections_causal_attention_and_one_lm_head_row() -> None:
+    # per token: qkv 4*8 + o 4*4 + gate/up/down 3*4*8 = 144 MACs a layer, 2 FLOPs each,
+    # 3 tokens, 2 layers = 1728; attention 4 * 4 (q dims) * 6 pairs * 2 layers = 192;
+    # the LM head for the last token 2 * 4 * 10 = 80.
+    assert prefill_flops(SHAPE, 3) == 1728 + 192 + 80
+    llama_8b = DecodeShape(4096, 14336, 32, 32, 8, 128, 128256)
+    assert prefill_flops(llama_8b, 8192) == pytest.approx(1.31945e14, rel=1e-5)

@@ -10,6 +10,7 @@ CPU path (``cpu_inputs``) and the CUDA path (``cuda.step``) both read these reco
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -115,7 +116,7 @@ class StepPlan:
         return ids, positions, meta
 
 
-def host_tensor(rows: list[list[int]] | list[int], dtype: torch.dtype) -> torch.Tensor:
+def host_tensor(rows: list[Any], dtype: torch.dtype) -> torch.Tensor:
     """A host tensor of rectangular int lists; numpy reads long lists ~3x faster than
     ``torch.tensor`` (1.3 -> 0.4 ms for an 8k-token step's ids, positions and slots)."""
     return torch.from_numpy(np.array(rows, dtype=_NUMPY_INTS[dtype]))

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from bench.engine.floors import DecodeShape, prefill_flops
+
 LLAMA_8B_SHAPE: dict[str, Any] = {
     "vocab_size": 128256,
     "hidden_size": 4096,
@@ -179,3 +181,15 @@ def measure_prefill(
         median = statistics.median(seconds[1:])
         results.append({"prompt_len": length, "seconds": median, "tok_s": length / median})
     return results
+
+
+def add_matmul_shares(
+    results: list[dict[str, Any]], shape: DecodeShape, matmul_rate: float
+) -> None:
+    """Each ``measure_prefill`` row's model FLOPs (``floors.prefill_flops``: causal
+    attention, one LM head row) per second, and that over the bf16 matrix rate measured in
+    the same run (``matmul_rate``)."""
+    for result in results:
+        rate = prefill_flops(shape, result["prompt_len"]) / result["seconds"]
+        result["model_tflop_s"] = rate / 1e12
+        result["of_matmul_rate"] = rate / matmul_rate

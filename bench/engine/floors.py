@@ -114,3 +114,16 @@ def decode_floors(
         roofline_s=sum(per_op.values()),
         per_op_s=per_op,
     )
+
+
+def prefill_flops(shape: DecodeShape, tokens: int) -> int:
+    """FLOPs of one fresh prompt of ``tokens`` tokens, as the engine computes it: every
+    projection over every token, causal attention (q.k and p.v over the ``T(T+1)/2``
+    pairs of the lower triangle, diagonal included), the LM head for the last token only.
+    The elementwise ops are left out (as in the decode roofline)."""
+    s, layers = shape, shape.layers
+    q_dim, kv_dim = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    per_token = s.hidden * (q_dim + 2 * kv_dim) + q_dim * s.hidden + 3 * s.hidden * s.intermediate
+    projections = 2 * tokens * per_token * layers
+    attention = 4 * q_dim * (tokens * (tokens + 1) // 2) * layers
+    return projections + attention + 2 * s.hidden * s.vocab

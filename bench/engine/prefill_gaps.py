@@ -47,7 +47,7 @@ def _merged(intervals: list[tuple[float, float, str]]) -> list[tuple[float, floa
 
 
 def profile_one(engine: Any, prompt: list[int]) -> None:
-    from torch.autograd import DeviceType
+    from torch.autograd import DeviceType  # type: ignore[attr-defined]
     from torch.profiler import ProfilerActivity, profile, record_function
 
     torch.cuda.synchronize()

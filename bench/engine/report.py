@@ -198,8 +198,10 @@ def write_json(path: Path, report: dict[str, Any]) -> None:
 def print_gpu_extras(extra: dict[str, Any]) -> None:
     for result in extra.get("prefill", []):
         seconds = result["seconds"]
+        share = result.get("of_matmul_rate")
+        of_rate = "" if share is None else f", {share:.1%} of the bf16 matrix rate"
         print(f"prefill {result['prompt_len']:>5} tokens: {result['tok_s']:>9.0f} tok/s "
-              f"({seconds * 1e3:.1f} ms)")  # fmt: skip
+              f"({seconds * 1e3:.1f} ms{of_rate})")  # fmt: skip
     print(
         f"copy bandwidth {extra['copy_bandwidth_gb_s']:.0f} GB/s; bf16 matmul "
         f"{extra.get('bf16_matmul_tflop_s', 0):.0f} TFLOP/s; KV cache {extra['kv_cache']}"

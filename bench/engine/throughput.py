@@ -391,6 +391,9 @@ def main(argv: list[str] | None = None) -> None:
             lambda n, i: random_prompts(1, n, TTFT_SEED + 7 * n + i)[0],
             greedy(1),
         )
+        runner: Any = engine.parts.runner
+        shape = DecodeShape.of(engine.parts.model_config, runner.spec.dtype.itemsize)
+        engine_cuda.add_matmul_shares(extra["prefill"], shape, extra["bf16_matmul_tflop_s"] * 1e12)
     ttft = measure_ttft(engine, config)
     goals = evaluate_goals(rows, ttft, config.device)
     print()

@@ -82,9 +82,10 @@ class Simulation:
         actors: int,
         policy: Policy,
         event_delay_ms: float = 20.0,
+        engine_order: str = "fcfs",
     ) -> None:
         self.config = MockerConfig(**matched_timing(64))
-        self.engines = [SimEngine(f"actor-{i}", self.config) for i in range(actors)]
+        self.engines = [SimEngine(f"actor-{i}", self.config, engine_order) for i in range(actors)]
         self.views = [RouterView() for _ in range(actors)]
         self.policy = policy
         self.event_delay_ms = event_delay_ms
@@ -271,6 +272,12 @@ def main(argv: list[str] | None = None) -> None:
         help="THRESHOLD_BLOCKS[:MAX_WAIT_MS],...: also run kv with a router-side queue "
         "(RouterQueueSimulation), once per setting",
     )
+    parser.add_argument(
+        "--engine-orders",
+        default="",
+        help="ORDER,...: also run kv with engines that order their prefills so "
+        "(sim_engine.EngineOrder: srpt, short:TOKENS, cap:TOKENS; an experiment)",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     trace = load_trace(args.trace)
@@ -293,6 +300,11 @@ def main(argv: list[str] | None = None) -> None:
                     max_wait_ms=float(wait) if wait else None,
                 )
                 runs.append((f"kv+queue {setting}", queued))
+            for order in filter(None, args.engine_orders.split(",")):
+                reordered = Simulation(
+                    requests, speedup, args.actors, POLICIES["kv"](), engine_order=order
+                )
+                runs.append((f"kv, engines {order}", reordered))
             for name, simulation in runs:
                 result = simulation.run()
                 rows.append({"slice": text, "speedup": speedup, "policy": name, **result})

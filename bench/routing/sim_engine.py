@@ -46,12 +46,42 @@ class SimSequence:
     first_token_ms: float | None = None
 
 
+@dataclass(frozen=True)
+class EngineOrder:
+    """How a simulated engine orders its prefills (``router_sim --engine-order``): ``fcfs``
+    (the engine's: running first, then arrivals), ``srpt`` (fewest uncached tokens left
+    first), ``short:T`` (prompts with at most T tokens left ahead of longer ones, each group
+    first come first served), ``cap:T`` (first come first served, no prompt takes more than
+    T tokens of a step another prefill shares)."""
+
+    kind: str
+    tokens: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> EngineOrder:
+        kind, _, tokens = text.partition(":")
+        if kind not in ("fcfs", "srpt", "short", "cap") or (kind in ("short", "cap")) != bool(
+            tokens
+        ):
+            raise ValueError(f"engine order {text!r}: fcfs, srpt, short:TOKENS or cap:TOKENS")
+        return cls(kind, int(tokens or 0))
+
+    def key(self, seq: SimSequence, now_ms: float) -> tuple[int, float]:
+        left = seq.prompt_tokens - seq.computed
+        if self.kind == "srpt":
+            return (left, seq.arrival_ms)
+        if self.kind == "short":
+            return (int(left > self.tokens), seq.arrival_ms)
+        return (0, seq.arrival_ms)
+
+
 class SimEngine:
     """One mocker engine's scheduler and prefix cache (see the module docstring)."""
 
-    def __init__(self, name: str, config: MockerConfig) -> None:
+    def __init__(self, name: str, config: MockerConfig, order: str = "fcfs") -> None:
         self.name = name
         self.config = config
+        self.order = EngineOrder.parse(order)
         self.waiting: deque[SimSequence] = deque()
         self.running: list[SimSequence] = []
         self.cache: OrderedDict[BlockKey, None] = OrderedDict()
@@ -68,6 +98,18 @@ class SimEngine:
 
     def step(self, now_ms: float) -> tuple[float, list[tuple[SimSequence, int]], list[BlockKey]]:
         """Schedules and runs one step from ``now_ms``: its end, the chunks, new blocks."""
+        chunks = self._schedule(now_ms) if self.order.kind == "fcfs" else self._reorder(now_ms)
+        return self._run(now_ms, chunks)
+
+    def _admit(self, seq: SimSequence) -> None:
+        hit = self.cached_prefix_blocks(seq) * self.config.block_size
+        for key in seq.keys[: hit // self.config.block_size]:
+            self.cache.move_to_end(key)
+        seq.computed = seq.cached_tokens = hit
+        self.running.append(seq)
+
+    def _schedule(self, now_ms: float) -> list[tuple[SimSequence, int]]:
+        """The engine's order: running sequences first, then arrivals, first come first."""
         budget = self.config.max_num_batched_tokens
         chunks: list[tuple[SimSequence, int]] = []
         for seq in self.running:
@@ -79,14 +121,35 @@ class SimEngine:
             budget -= grant
         while self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0:
             seq = self.waiting.popleft()
-            hit = self.cached_prefix_blocks(seq) * self.config.block_size
-            for key in seq.keys[: hit // self.config.block_size]:
-                self.cache.move_to_end(key)
-            seq.computed = seq.cached_tokens = hit
-            grant = min(seq.prompt_tokens - hit, budget)
-            self.running.append(seq)
+            self._admit(seq)
+            grant = min(seq.prompt_tokens - seq.computed, budget)
             chunks.append((seq, grant))
             budget -= grant
+        return chunks
+
+    def _reorder(self, now_ms: float) -> list[tuple[SimSequence, int]]:
+        """An experiment the engine does not have (``EngineOrder``): decodes first, then
+        every admitted prompt's prefill in the order's order."""
+        budget = self.config.max_num_batched_tokens
+        chunks = [(seq, 1) for seq in self.running if seq.first_token_ms is not None][:budget]
+        budget -= len(chunks)
+        while self.waiting and len(self.running) < self.config.max_num_seqs:
+            self._admit(self.waiting.popleft())
+        prefilling = [seq for seq in self.running if seq.first_token_ms is None]
+        prefilling.sort(key=lambda seq: self.order.key(seq, now_ms))
+        for seq in prefilling:
+            if budget <= 0:
+                break
+            grant = min(seq.prompt_tokens - seq.computed, budget)
+            if self.order.kind == "cap" and len(prefilling) > 1:
+                grant = min(grant, self.order.tokens)
+            chunks.append((seq, grant))
+            budget -= grant
+        return chunks
+
+    def _run(
+        self, now_ms: float, chunks: list[tuple[SimSequence, int]]
+    ) -> tuple[float, list[tuple[SimSequence, int]], list[BlockKey]]:
         decodes = [seq for seq, _ in chunks if seq.first_token_ms is not None]
         shape = StepShape(
             prefill_tokens=sum(n for seq, n in chunks if seq.first_token_ms is None),

@@ -94,3 +94,32 @@ def test_a_router_queue_sends_the_shortest_held_request_first() -> None:
     long, short = (queued.sequences[i].first_token_ms or 0.0 for i in (1, 2))
     assert short == pytest.approx(_prefill_ms(8192) + _prefill_ms(1024))
     assert long > short
+
+
+def _prompt(index: int, tokens: int, first_hash: int) -> SimSequence:
+    request = TraceRequest(float(index), tokens, 2, tuple(range(first_hash, first_hash + 40)))
+    return SimSequence(index, float(index), tokens, 2, block_keys(request, 64))
+
+
+@pytest.mark.parametrize(
+    ("order", "grants"),
+    [
+        ("fcfs", [8192]),  # the long prompt came first and takes the whole step
+        ("srpt", [1000, 7192]),  # fewest tokens left first
+        ("short:2000", [1000, 7192]),
+        ("cap:4096", [4096, 1000]),  # no prompt takes more than 4,096 of a shared step
+    ],
+)
+def test_an_engine_order_decides_whose_prefill_a_step_takes(order: str, grants: list[int]) -> None:
+    engine = SimEngine("actor-0", CONFIG, order)
+    long, short = _prompt(0, 20_000, 0), _prompt(1, 1000, 100)
+    engine.waiting.extend([long, short])
+
+    _, chunks, _ = engine.step(2.0)
+
+    assert [tokens for _, tokens in chunks] == grants
+
+
+def test_an_unknown_engine_order_is_refused() -> None:
+    with pytest.raises(ValueError, match="short:TOKENS"):
+        SimEngine("actor-0", CONFIG, "short")

@@ -175,7 +175,7 @@ class BlockPool:
             raise ValueError(f"num_blocks must be >= 0, got {num_blocks!r}")
         if num_blocks > self.num_free_blocks:
             raise NoFreeBlocksError(num_blocks, self.num_free_blocks)
-        blocks = [self._free_queue.popleft() for _ in range(num_blocks)]
+        blocks = self._free_queue.popleft_many(num_blocks)
         # `is not None`, not truthiness: 0 is a valid hash.
         cached = [block for block in blocks if block.block_hash is not None]
         if cached and self._eviction_listener is not None:

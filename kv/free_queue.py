@@ -49,6 +49,27 @@ class FreeBlockQueue:
         self.remove(block)
         return block
 
+    def popleft_many(self, count: int) -> list[Block]:
+        """The ``count`` least recently freed blocks, unlinked as one run (an 8k-token prompt
+        takes 512 blocks at once: one walk instead of 512 ``popleft`` calls)."""
+        if not 0 <= count <= self._length:
+            raise IndexError(f"popleft_many({count}) from a queue of {self._length} blocks")
+        blocks = []
+        block = self._head
+        for _ in range(count):
+            assert block is not None  # count <= length
+            blocks.append(block)
+            following = block.next_free
+            block.prev_free = block.next_free = None
+            block = following
+        self._head = block
+        if block is None:
+            self._tail = None
+        else:
+            block.prev_free = None
+        self._length -= count
+        return blocks
+
     def remove(self, block: Block) -> None:
         """Unlink ``block`` from anywhere in the queue in O(1)."""
         if block not in self:

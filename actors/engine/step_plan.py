@@ -10,6 +10,7 @@ CPU path (``cpu_inputs``) and the CUDA path (``cuda.step``) both read these reco
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -161,15 +162,13 @@ def slot_of(seq: Sequence, position: int, block_size: int) -> int:
 def slot_run(seq: Sequence, start: int, stop: int, block_size: int) -> list[int]:
     """The KV slots of positions ``start .. stop - 1``: one range per block, not a lookup per
     token (an 8k-token chunk's slots are built before its first kernel launches)."""
-    slots: list[int] = []
-    position = start
-    while position < stop:
-        index, offset = divmod(position, block_size)
-        count = min(block_size - offset, stop - position)
-        first = int(seq.blocks[index].block_id) * block_size + offset
-        slots += range(first, first + count)
-        position += count
-    return slots
+    if stop <= start:
+        return []
+    first = start // block_size
+    ids = block_ids(seq, stop, block_size)[first:]
+    slots = list(chain.from_iterable(range(i * block_size, (i + 1) * block_size) for i in ids))
+    skip = start - first * block_size
+    return slots[skip : skip + stop - start]
 
 
 def _decode_rows(

@@ -85,3 +85,24 @@ def test_block_validates_fields():
         Block(BlockId(-1))
     with pytest.raises(ValueError, match="ref_cnt must be >= 0, got -2"):
         Block(BlockId(0), ref_cnt=-2)
+
+
+@pytest.mark.parametrize(("count", "left"), [(0, [0, 1, 2, 3]), (2, [2, 3]), (4, [])])
+def test_popleft_many_takes_a_run_from_the_head(count, left):
+    blocks = make_blocks(4)
+    queue = FreeBlockQueue(blocks)
+    taken = queue.popleft_many(count)
+    assert taken == blocks[:count]
+    assert ids(queue) == left and len(queue) == len(left)
+    assert all(b.prev_free is None and b.next_free is None for b in taken)
+    queue.append(blocks[0] if count else Block(BlockId(9)))  # the tail is still right
+    assert ids(queue)[-1] == (0 if count else 9)
+    if left:
+        assert queue.popleft() is blocks[count]
+
+
+def test_popleft_many_past_the_length_raises_and_changes_nothing():
+    queue = FreeBlockQueue(make_blocks(2))
+    with pytest.raises(IndexError, match="popleft_many"):
+        queue.popleft_many(3)
+    assert ids(queue) == [0, 1]

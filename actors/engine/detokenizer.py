@@ -59,7 +59,7 @@ class IncrementalDetokenizer:
         stop: tuple[str, ...] = (),
         skip_special_tokens: bool = True,
     ) -> None:
-        self._decode_ids = ids_decoder(tokenizer, skip_special_tokens)
+        self._decode = ids_decoder(tokenizer, skip_special_tokens)
         self._tokens = list(prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:])
         self._prefix_offset = 0
         self._read_offset = len(self._tokens)
@@ -85,9 +85,6 @@ class IncrementalDetokenizer:
         delta = self.text[self._emitted : end]
         self._emitted = max(self._emitted, end)
         return delta
-
-    def _decode(self, tokens: list[int]) -> str:
-        return self._decode_ids(tokens)
 
     def _check_stop(self) -> None:
         if not self._stop or self.stopped_by:

@@ -193,13 +193,14 @@ class Scheduler:
             chunk.seq.num_computed_tokens += chunk.num_new_tokens
             self.kv.cache_full_blocks(chunk.seq)
 
-    def postprocess(
-        self, out: SchedulerOutput, sampled: list[int | None], counted: bool = False
-    ) -> list[Sequence]:
-        """Applies a step's results (``counted``: ``count_computed`` already ran for it);
-        returns the sequences that received a token."""
-        if not counted:
-            self.count_computed(out)
+    def postprocess(self, out: SchedulerOutput, sampled: list[int | None]) -> list[Sequence]:
+        """Applies a step's results; returns the sequences that received a token."""
+        self.count_computed(out)
+        return self.apply_sampled(out, sampled)
+
+    def apply_sampled(self, out: SchedulerOutput, sampled: list[int | None]) -> list[Sequence]:
+        """The second half of ``postprocess``, after ``count_computed``: appends each sampled
+        token and ends the sequences it finishes; returns those that received a token."""
         advanced = []
         for chunk, token in zip(out.chunks, sampled, strict=True):
             seq = chunk.seq

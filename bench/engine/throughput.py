@@ -323,6 +323,12 @@ def build_engine(config: BenchConfig) -> tuple[LLMEngine, Any | None]:
     return LLMEngine(engine_config, parts), None if config.skip_hf else hf_model
 
 
+def engine_shape(engine: LLMEngine) -> DecodeShape:
+    """The engine's model shape and dtype width, for the floors and the prefill FLOPs."""
+    dtype_bytes = torch.empty((), dtype=engine.parts.runner.spec.dtype).element_size()  # type: ignore[attr-defined]
+    return DecodeShape.of(engine.parts.model_config, dtype_bytes)
+
+
 def add_floors(
     rows: list[ThroughputRow],
     engine: LLMEngine,
@@ -332,8 +338,7 @@ def add_floors(
 ) -> list[ThroughputRow]:
     """Each row with the memory floor and the roofline of its decode steps, at the mean
     context its steps read (``floors.py``)."""
-    dtype_bytes = torch.empty((), dtype=engine.parts.runner.spec.dtype).element_size()  # type: ignore[attr-defined]
-    shape = DecodeShape.of(engine.parts.model_config, dtype_bytes)
+    shape = engine_shape(engine)
     out = []
     for row in rows:
         context = row.decode_mean_context or config.prompt_len + config.new_tokens / 2
@@ -391,9 +396,8 @@ def main(argv: list[str] | None = None) -> None:
             lambda n, i: random_prompts(1, n, TTFT_SEED + 7 * n + i)[0],
             greedy(1),
         )
-        runner: Any = engine.parts.runner
-        shape = DecodeShape.of(engine.parts.model_config, runner.spec.dtype.itemsize)
-        engine_cuda.add_matmul_shares(extra["prefill"], shape, extra["bf16_matmul_tflop_s"] * 1e12)
+        matmul_rate = extra["bf16_matmul_tflop_s"] * 1e12
+        engine_cuda.add_matmul_shares(extra["prefill"], engine_shape(engine), matmul_rate)
     ttft = measure_ttft(engine, config)
     goals = evaluate_goals(rows, ttft, config.device)
     print()

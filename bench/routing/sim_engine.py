@@ -66,7 +66,7 @@ class EngineOrder:
             raise ValueError(f"engine order {text!r}: fcfs, srpt, short:TOKENS or cap:TOKENS")
         return cls(kind, int(tokens or 0))
 
-    def key(self, seq: SimSequence, now_ms: float) -> tuple[int, float]:
+    def key(self, seq: SimSequence) -> tuple[int, float]:
         left = seq.prompt_tokens - seq.computed
         if self.kind == "srpt":
             return (left, seq.arrival_ms)
@@ -98,7 +98,7 @@ class SimEngine:
 
     def step(self, now_ms: float) -> tuple[float, list[tuple[SimSequence, int]], list[BlockKey]]:
         """Schedules and runs one step from ``now_ms``: its end, the chunks, new blocks."""
-        chunks = self._schedule(now_ms) if self.order.kind == "fcfs" else self._reorder(now_ms)
+        chunks = self._schedule() if self.order.kind == "fcfs" else self._reorder()
         return self._run(now_ms, chunks)
 
     def _admit(self, seq: SimSequence) -> None:
@@ -108,7 +108,7 @@ class SimEngine:
         seq.computed = seq.cached_tokens = hit
         self.running.append(seq)
 
-    def _schedule(self, now_ms: float) -> list[tuple[SimSequence, int]]:
+    def _schedule(self) -> list[tuple[SimSequence, int]]:
         """The engine's order: running sequences first, then arrivals, first come first."""
         budget = self.config.max_num_batched_tokens
         chunks: list[tuple[SimSequence, int]] = []
@@ -127,7 +127,7 @@ class SimEngine:
             budget -= grant
         return chunks
 
-    def _reorder(self, now_ms: float) -> list[tuple[SimSequence, int]]:
+    def _reorder(self) -> list[tuple[SimSequence, int]]:
         """An experiment the engine does not have (``EngineOrder``): decodes first, then
         every admitted prompt's prefill in the order's order."""
         budget = self.config.max_num_batched_tokens
@@ -136,7 +136,7 @@ class SimEngine:
         while self.waiting and len(self.running) < self.config.max_num_seqs:
             self._admit(self.waiting.popleft())
         prefilling = [seq for seq in self.running if seq.first_token_ms is None]
-        prefilling.sort(key=lambda seq: self.order.key(seq, now_ms))
+        prefilling.sort(key=self.order.key)
         for seq in prefilling:
             if budget <= 0:
                 break

@@ -170,7 +170,7 @@ class AsyncDecodes:
         self.scheduler.count_computed(step)  # while the GPU still runs the step
         tokens = current.pending.tokens()
         token_of: dict[int, int] = {i: tokens[row] for row, i in enumerate(current.sampled)}
-        return self.scheduler.postprocess(step, [token_of.get(i) for i in applied], counted=True)
+        return self.scheduler.apply_sampled(step, [token_of.get(i) for i in applied])
 
     def _launch_next(self, current: InflightStep, live: list[tuple[int, ScheduledChunk]]) -> None:
         ahead = [(row, c) for row, c in live if overlaps(c.seq, 1, self.max_model_len)]

@@ -7,7 +7,9 @@ kernel besides (~2 µs each at batch 1, launch-bound). A decode step at small ba
 bound by reading the weights, so:
 
 * ``triton_gemv``'s kernels give each program ``BLOCK_N`` output columns over the whole
-  K: no split-K, no reduce kernel. One row (batch 1, ``gemv_kernel``) multiplies into a
+  K, or over 1/``split_k`` of it, the last program of a column tile to finish summing the
+  partials (no reduce kernel either way; split-K gives skinny shapes with few column
+  tiles, o and q|k|v at 64 rows, more programs than SMs). One row (batch 1, ``gemv_kernel``) multiplies into a
   float32 tile summed once after the K loop; 2..64 rows (``skinny_matmul_kernel``) use
   ``tl.dot`` with the rows padded to 16 or 64.
 * The small ops in front of a projection run inside it, rounded exactly as the unfused
@@ -15,9 +17,13 @@ bound by reading the weights, so:
   the new residual) and ``gated_linear`` (SiLU(gate)·up, then down).
 * Which is faster depends on the shape, the row count and the GPU, and cannot be known
   without one: the first eager call of each (rows, shape, dtype, prologue) times the
-  unfused ops (cuBLAS plus the small kernel) against the fused kernel on a few tiles, on
-  cold L2 (a flush before each run), and keeps the fastest; Triton only wins by a margin
-  (3%). During CUDA-graph capture nothing is timed: an undecided shape takes the unfused
+  unfused ops (cuBLAS plus the small kernel) against the fused kernel on a few tiles and
+  keeps the fastest; Triton only wins by a margin (3%). Each is timed as a decode step's
+  graph runs it: runs back to back, each reading its weight from HBM (they cycle through
+  copies of the weight filling more than twice the L2). Timing each run alone after an L2
+  flush, as before 2026-12-04, measured the flush's write-back and idle clocks more than
+  the kernels (cuBLAS's down projection at batch 1 "took" 126 µs; 30 µs in the graph).
+  During CUDA-graph capture nothing is timed: an undecided shape takes the unfused
   ops (the runner's warm-up before each capture decides it first).
 * Only bf16/fp16 weights on CUDA, rows <= ``MAX_ROWS``: float32 (the HF-equality tests)
   and the CPU keep the plain torch ops, bit for bit as before.
@@ -46,8 +52,9 @@ log = logging.getLogger(__name__)
 MAX_ROWS = 64
 MARGIN = 0.97  # Triton is kept only when it takes at most this share of cuBLAS's time
 TIMING_RUNS = 7
-FLUSH_BYTES = 128 << 20  # more than an H200's L2 (60 MiB)
-SLEEP_CYCLES = 200_000  # ~0.1 ms at H200 clocks
+BACK_TO_BACK = 8  # runs per timing, one after another as in a graph replay
+MAX_COPIES = 8  # of a weight to time on, to read it from HBM each run
+SLEEP_CYCLES = 2_000_000  # ~1 ms at H200 clocks: the host queues the runs meanwhile
 _DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -57,14 +64,20 @@ class Tile:
     block_k: int
     num_warps: int = 4
     num_stages: int = 3
+    split_k: int = 1  # programs per n-tile, each over K / split_k (see triton_gemv)
+
+    def __str__(self) -> str:
+        return f"{self.block_n}x{self.block_k} w{self.num_warps} s{self.num_stages} k{self.split_k}"
 
     def fits(self, n: int, k: int) -> bool:
-        return n % self.block_n == 0 and k % self.block_k == 0
+        return n % self.block_n == 0 and k % (self.block_k * self.split_k) == 0
 
 
 # The candidates: each (tile, prologue, 1 / 16 / 64 rows) is one compile at start-up.
 # Checked with ptxas for sm_90 (Triton 3.9): none spills registers, with every prologue.
-ONE_ROW_TILES = (Tile(16, 512), Tile(32, 256), Tile(8, 1024))
+# One row: the best three of a sweep on the H200 (bench.engine.skinny_matmul --sweep,
+# 2026-12-04: 36 tiles x 4 projections); no split-K tile won there, at 1 row or at 64.
+ONE_ROW_TILES = (Tile(8, 1024), Tile(8, 512, num_stages=4), Tile(8, 512, num_warps=8))
 DOT16_TILES = (Tile(32, 128, num_stages=4), Tile(64, 128, num_stages=4))
 DOT64_TILES = (Tile(32, 64, num_warps=8, num_stages=4), Tile(64, 32, num_warps=8, num_stages=4))
 
@@ -119,20 +132,50 @@ def launch(
     eps = norm.eps if norm is not None else 0.0
     flags = {"HAS_BIAS": bias is not None, "GATED": gated, "NORM": norm is not None}
     flags["HAS_RES"] = has_res
-    grid = (n // tile.block_n,)
+    grid = (n // tile.block_n, tile.split_k)
+    block_m = 1 if rows == 1 else dot_rows(rows)
+    split = tile.split_k > 1
+    part, count = _split_buffers(x.device, split * tile.split_k * block_m * n, split * grid[0])
     if rows == 1:
         triton_gemv.gemv_kernel[grid](
-            x, weight, *tensors, eps, k, **flags, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
-            num_warps=tile.num_warps, num_stages=tile.num_stages,
+            x, weight, *tensors, part, count, eps, n, k, **flags, BLOCK_N=tile.block_n,
+            BLOCK_K=tile.block_k, SPLIT_K=tile.split_k, num_warps=tile.num_warps,
+            num_stages=tile.num_stages,
         )  # fmt: skip
         return out
     triton_gemv.skinny_matmul_kernel[grid](
-        x, weight, *tensors, eps, rows, k, x.stride(0), out.stride(0), **flags,
-        IEEE=x.dtype == torch.float32, BLOCK_M=dot_rows(rows),
-        BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, num_warps=tile.num_warps,
+        x, weight, *tensors, part, count, eps, rows, n, k, x.stride(0), out.stride(0), **flags,
+        IEEE=x.dtype == torch.float32, BLOCK_M=block_m, BLOCK_N=tile.block_n,
+        BLOCK_K=tile.block_k, SPLIT_K=tile.split_k, num_warps=tile.num_warps,
         num_stages=tile.num_stages,
     )  # fmt: skip
     return out
+
+
+# Split-K's float32 partials and per-n-tile arrival counts, one pair per device: a
+# process's engine runs its model (eager steps, warm-up, graph replays) on one stream at a
+# time, so one launch at a time uses them. The counts are back to zero after every launch
+# (the last program of a tile resets its own). Outgrown pairs are kept: a captured CUDA
+# graph may still point at them.
+_splits: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+_outgrown: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+
+def _split_buffers(
+    device: torch.device, floats: int, tiles: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if device in _splits:
+        part, count = _splits[device]
+        if part.numel() >= floats and count.numel() >= tiles:
+            return part, count
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("split-K buffers must be sized before a CUDA-graph capture")
+        _outgrown.append((part, count))
+        floats, tiles = max(floats, part.numel()), max(tiles, count.numel())
+    part = torch.empty(max(floats, 1), dtype=torch.float32, device=device)
+    count = torch.zeros(max(tiles, 1), dtype=torch.int32, device=device)
+    _splits[device] = (part, count)
+    return part, count
 
 
 def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
@@ -141,8 +184,8 @@ def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
         x,
         layer,
         "plain",
-        lambda: F.linear(x, layer.weight, layer.bias),
-        lambda t: launch(x, layer.weight, layer.bias, t),
+        lambda w: F.linear(x, w, layer.bias),
+        lambda t, w: launch(x, w, layer.bias, t),
     )
     if tile is None:
         out: torch.Tensor = layer(x)
@@ -154,8 +197,8 @@ def gated_linear(gate_up: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
     """``layer(silu(gate) * up)`` for ``gate_up = [M, 2K]``, SiLU fused where Triton wins."""
     tile = _tile_for(
         gate_up, layer, "gated",
-        lambda: F.linear(fused_ops.silu_and_mul(gate_up), layer.weight, layer.bias),
-        lambda t: launch(gate_up, layer.weight, layer.bias, t, gated=True),
+        lambda w: F.linear(fused_ops.silu_and_mul(gate_up), w, layer.bias),
+        lambda t, w: launch(gate_up, w, layer.bias, t, gated=True),
     )  # fmt: skip
     if tile is None:
         out: torch.Tensor = layer(fused_ops.silu_and_mul(gate_up))
@@ -177,15 +220,13 @@ def norm_linear(
     tile = None
     if eligible:
 
-        def unfused() -> torch.Tensor:
+        def unfused(weight: torch.Tensor) -> torch.Tensor:
             normed = fused_ops.add_rms_norm(x, residual, norm_weight, eps)[0]
-            return F.linear(normed, layer.weight, layer.bias)
+            return F.linear(normed, weight, layer.bias)
 
-        def fused(t: Tile) -> torch.Tensor:
+        def fused(t: Tile, weight: torch.Tensor) -> torch.Tensor:
             summed = None if residual is None else torch.empty_like(x)
-            return launch(
-                x, layer.weight, layer.bias, t, norm=Norm(norm_weight, eps, residual, summed)
-            )
+            return launch(x, weight, layer.bias, t, norm=Norm(norm_weight, eps, residual, summed))
 
         kind = "norm+residual" if residual is not None else "norm"
         tile = _tile_for(x, layer, kind, unfused, fused)
@@ -207,12 +248,12 @@ def choices() -> dict[str, str]:
     return named
 
 
+Unfused = Callable[[torch.Tensor], object]  # run with this weight
+Fused = Callable[[Tile, torch.Tensor], object]  # run this tile with this weight
+
+
 def _tile_for(
-    x: torch.Tensor,
-    layer: nn.Linear,
-    kind: str,
-    unfused: Callable[[], object],
-    fused: Callable[[Tile], object],
+    x: torch.Tensor, layer: nn.Linear, kind: str, unfused: Unfused, fused: Fused
 ) -> Tile | None:
     """The tile to run ``layer`` on ``x`` with (None: the unfused torch ops), timed once
     per (rows, shape, dtype, kind): ``unfused`` against ``fused`` on each tile."""
@@ -233,24 +274,21 @@ def _tile_for(
         if torch.cuda.is_current_stream_capturing():
             return None  # nothing can be timed inside a capture: cuBLAS
         tiles = [t for t in candidates(rows) if t.fits(n, k)]
-        _choices[key] = _fastest(tiles, unfused, fused, x.device)
+        _choices[key] = _fastest(tiles, unfused, fused, cold_copies(weight))
         log.debug("skinny matmul %s: %s", key[:5], _choices[key] or "cublas")
     return _choices[key]
 
 
 def _fastest(
-    tiles: list[Tile],
-    unfused: Callable[[], object],
-    fused: Callable[[Tile], object],
-    device: torch.device,
+    tiles: list[Tile], unfused: Unfused, fused: Fused, weights: list[torch.Tensor]
 ) -> Tile | None:
     if not tiles:
         return None
-    best = MARGIN * _time(unfused, device)
+    best = MARGIN * _time(unfused, weights)
     chosen = None
     for tile in tiles:
         try:
-            took = _time(partial(fused, tile), device)
+            took = _time(partial(fused, tile), weights)
         except Exception as error:  # a tile this GPU cannot run (resources): skip it
             log.warning("skinny matmul tile %s failed: %s", tile, error)
             continue
@@ -259,24 +297,34 @@ def _fastest(
     return chosen
 
 
-def _time(run: Callable[[], object], device: torch.device) -> float:
-    """Median GPU time of ``run`` over a few runs, each on a cold L2."""
-    run()  # compiles / picks the kernel
+def cold_copies(weight: torch.Tensor) -> list[torch.Tensor]:
+    """``weight`` and enough copies of it that cycling through them reads each from HBM
+    (more than twice the L2 in all), as a decode step reads each layer's weights."""
+    l2 = torch.cuda.get_device_properties(weight.device).L2_cache_size
+    wanted = min(MAX_COPIES, -(-2 * l2 // (weight.numel() * weight.element_size())))
+    copies = [weight]
     try:
-        flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
+        copies += [weight.clone() for _ in range(wanted - 1)]
     except torch.OutOfMemoryError:
-        flush = torch.empty(1, dtype=torch.uint8, device=device)
+        log.warning("skinny matmul: no room for %d copies of %s to time on", wanted, weight.shape)
+    return copies
+
+
+def _time(run: Callable[[torch.Tensor], object], weights: list[torch.Tensor]) -> float:
+    """Median GPU ms of one ``run`` as a CUDA graph runs it: back to back, cycling through
+    ``weights`` (so each run reads its weight from HBM), with the host's launch cost hidden
+    (Triton's is larger than cuBLAS's; a graph replay has none)."""
+    run(weights[0])  # compiles / picks the kernel
+    runs = max(BACK_TO_BACK, len(weights))
     times = []
     for _ in range(TIMING_RUNS):
-        flush.zero_()
-        # The GPU keeps busy while the host launches: the launch's host cost (Triton's is
-        # larger than cuBLAS's) must not count, as in a CUDA-graph replay.
         torch.cuda._sleep(SLEEP_CYCLES)  # type: ignore[no-untyped-call]
         start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         start.record()
-        run()
+        for i in range(runs):
+            run(weights[i % len(weights)])
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(start.elapsed_time(end) / runs)
     return float(statistics.median(times))

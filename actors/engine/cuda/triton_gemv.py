@@ -1,8 +1,13 @@
 """Triton source of the skinny matmul (imported only where Triton exists; see
 ``skinny_matmul`` for the design). mypy skips this file (Triton's DSL is untyped).
 
-Both kernels compute ``y[:, n-tile] = input @ w[n-tile, :]^T`` over the whole K (no
-split-K, no reduce kernel); the caller guarantees N % BLOCK_N == 0 and K % BLOCK_K == 0.
+Both kernels compute ``y[:, n-tile] = input @ w[n-tile, :]^T``; the caller guarantees
+N % BLOCK_N == 0 and K % (SPLIT_K * BLOCK_K) == 0. With SPLIT_K > 1 each n-tile's K is
+cut into SPLIT_K programs (more programs than SMs when N / BLOCK_N alone is fewer, and
+fewer re-reads of the input per weight byte): each writes its float32 partial to
+``part``, counts itself in ``count[n-tile]``, and the last to arrive sums the partials in
+split order (so the result does not depend on the order they ran in), writes y and resets
+the count for the next launch. No second kernel, no zeroed buffer.
 The input is ``x`` itself, or a prologue of it, rounded exactly where the unfused ops
 round:
 
@@ -69,6 +74,28 @@ def _prologue(
     return x
 
 
+@triton.jit
+def _store_out(acc, bias_ptr, y_ptrs, n, mask, HAS_BIAS: tl.constexpr):
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + n).to(tl.float32)
+    tl.store(y_ptrs, acc.to(y_ptrs.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _last_of_split(acc, part_ptrs, part_stride, count_ptr, SPLIT_K: tl.constexpr):
+    # (whether this program arrived last, the sum of every split's partial if it did)
+    tl.store(part_ptrs + tl.program_id(1) * part_stride, acc)
+    tl.debug_barrier()  # every thread's partial is written before the count says so
+    arrived = tl.atomic_add(count_ptr + tl.program_id(0), 1, sem="acq_rel", scope="gpu")
+    last = arrived == SPLIT_K - 1
+    if last:
+        acc = tl.load(part_ptrs, cache_modifier=".cg")  # from L2: another SM wrote them
+        for s in tl.static_range(1, SPLIT_K):
+            acc += tl.load(part_ptrs + s * part_stride, cache_modifier=".cg")
+        tl.atomic_xchg(count_ptr + tl.program_id(0), 0)
+    return last, acc
+
+
 # The row count varies with the batch: not specialised on.
 @triton.jit(do_not_specialize=["m_rows"])
 def skinny_matmul_kernel(
@@ -79,8 +106,11 @@ def skinny_matmul_kernel(
     res_ptr,
     res_out_ptr,
     norm_w_ptr,
+    part_ptr,
+    count_ptr,
     eps,
     m_rows,
+    n_dim,
     k_dim,
     x_stride,
     y_stride,
@@ -92,22 +122,27 @@ def skinny_matmul_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
 ):
     # 2..64 rows (BLOCK_M >= 16, tl.dot); NORM needs contiguous rows (x_stride = K).
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
     m_ok = (m < m_rows)[:, None]
+    k_len = k_dim // SPLIT_K
     kk = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + m[:, None] * x_stride + kk[None, :]
+    res_ptrs = res_ptr + m[:, None] * k_dim + kk[None, :]
+    rstd = tl.zeros([BLOCK_M, 1], tl.float32)
+    if NORM:  # over the whole row, whichever part of K this program takes
+        rstd = _row_rstd(x_ptrs, res_ptrs, m_ok, k_dim, eps, HAS_RES, BLOCK_K, 1)[:, None]
+    kk += tl.program_id(1) * k_len
     w_ptrs = w_ptr + n.to(tl.int64)[:, None] * k_dim + kk[None, :]
     x_ptrs = x_ptr + m[:, None] * x_stride + kk[None, :]
     res_ptrs = res_ptr + m[:, None] * k_dim + kk[None, :]
     res_out_ptrs = res_out_ptr + m[:, None] * k_dim + kk[None, :]
     norm_w_ptrs = norm_w_ptr + kk[None, :]
-    rstd = tl.zeros([BLOCK_M, 1], tl.float32)
-    if NORM:
-        rstd = _row_rstd(x_ptrs, res_ptrs, m_ok, k_dim, eps, HAS_RES, BLOCK_K, 1)[:, None]
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for _ in range(0, k_dim, BLOCK_K):
+    for _ in range(0, k_len, BLOCK_K):
         w = tl.load(w_ptrs)
         x = tl.load(x_ptrs, mask=m_ok, other=0.0)
         x = _prologue(
@@ -123,10 +158,14 @@ def skinny_matmul_kernel(
         res_ptrs += BLOCK_K
         res_out_ptrs += BLOCK_K
         norm_w_ptrs += BLOCK_K
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + n).to(tl.float32)[None, :]
     y_ptrs = y_ptr + m[:, None] * y_stride + n[None, :]
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_ok)
+    if SPLIT_K == 1:
+        _store_out(acc, bias_ptr, y_ptrs, n[None, :], m_ok, HAS_BIAS)
+    else:
+        part_ptrs = part_ptr + m[:, None] * n_dim + n[None, :]
+        last, acc = _last_of_split(acc, part_ptrs, BLOCK_M * n_dim, count_ptr, SPLIT_K)
+        if last:
+            _store_out(acc, bias_ptr, y_ptrs, n[None, :], m_ok, HAS_BIAS)
 
 
 @triton.jit
@@ -138,7 +177,10 @@ def gemv_kernel(
     res_ptr,
     res_out_ptr,
     norm_w_ptr,
+    part_ptr,
+    count_ptr,
     eps,
+    n_dim,
     k_dim,
     HAS_BIAS: tl.constexpr,
     GATED: tl.constexpr,
@@ -146,22 +188,25 @@ def gemv_kernel(
     HAS_RES: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
 ):
     # One row: products accumulate elementwise in a [BLOCK_N, BLOCK_K] float32 tile,
     # summed over K once after the loop (no reduction per step).
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_len = k_dim // SPLIT_K
     kk = tl.arange(0, BLOCK_K)
     ok = kk < BLOCK_K  # all true: the prologue's masks
+    rstd = 0.0
+    if NORM:  # over the whole row, whichever part of K this program takes
+        rstd = _row_rstd(x_ptr + kk, res_ptr + kk, ok, k_dim, eps, HAS_RES, BLOCK_K, 0)
+    kk += tl.program_id(1) * k_len
     w_ptrs = w_ptr + n.to(tl.int64)[:, None] * k_dim + kk[None, :]
     x_ptrs = x_ptr + kk
     res_ptrs = res_ptr + kk
     res_out_ptrs = res_out_ptr + kk
     norm_w_ptrs = norm_w_ptr + kk
-    rstd = 0.0
-    if NORM:
-        rstd = _row_rstd(x_ptrs, res_ptrs, ok, k_dim, eps, HAS_RES, BLOCK_K, 0)
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    for _ in range(0, k_dim, BLOCK_K):
+    for _ in range(0, k_len, BLOCK_K):
         w = tl.load(w_ptrs)
         x = tl.load(x_ptrs)
         x = _prologue(
@@ -175,6 +220,9 @@ def gemv_kernel(
         res_out_ptrs += BLOCK_K
         norm_w_ptrs += BLOCK_K
     y = tl.sum(acc, axis=1)
-    if HAS_BIAS:
-        y += tl.load(bias_ptr + n).to(tl.float32)
-    tl.store(y_ptr + n, y.to(y_ptr.dtype.element_ty))
+    if SPLIT_K == 1:
+        _store_out(y, bias_ptr, y_ptr + n, n, n < n_dim, HAS_BIAS)
+    else:
+        last, y = _last_of_split(y, part_ptr + n, n_dim, count_ptr, SPLIT_K)
+        if last:
+            _store_out(y, bias_ptr, y_ptr + n, n, n < n_dim, HAS_BIAS)

@@ -36,10 +36,11 @@ def _dtypes(device: torch.device) -> list[torch.dtype]:
 @pytest.mark.parametrize("rows", [1, 3, 17])
 @pytest.mark.parametrize("gated", [False, True])
 @pytest.mark.parametrize("bias", [False, True])
-def test_skinny_matmul_matches_linear(rows: int, gated: bool, bias: bool) -> None:
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_skinny_matmul_matches_linear(rows: int, gated: bool, bias: bool, split_k: int) -> None:
     device = _kernel_device()
     n, k = 64, 256
-    tile = Tile(16, 64) if rows == 1 else Tile(32, 128)
+    tile = Tile(16, 64, split_k=split_k) if rows == 1 else Tile(32, 128 // split_k, split_k=split_k)
     for dtype in _dtypes(device):
         generator = torch.Generator().manual_seed(rows)
         x = torch.randn((rows, 2 * k if gated else k), generator=generator).to(device, dtype)
@@ -53,6 +54,40 @@ def test_skinny_matmul_matches_linear(rows: int, gated: bool, bias: bool) -> Non
         torch.testing.assert_close(
             got.float().cpu(), expected.cpu(), atol=tolerance, rtol=tolerance
         )
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_split_k_sums_in_split_order_and_resets_its_counts(rows: int) -> None:
+    """The last program of a column tile sums the partials in split order: the same bits
+    every launch and as the float32 sum of the K quarters in that order; the counts are
+    zero again after each launch, so the next (another shape too) is right."""
+    device = _kernel_device()
+    generator = torch.Generator().manual_seed(rows)
+    n, k, split = 48, 512, 4
+    x = torch.randn((rows, k), generator=generator).to(device)
+    weight = torch.randn((n, k), generator=generator).to(device)
+    tile = Tile(16, 64, split_k=split)
+    first = skinny_matmul.launch(x, weight, None, tile)
+    quarters = [
+        F.linear(
+            x[:, i * k // split : (i + 1) * k // split],
+            weight[:, i * k // split : (i + 1) * k // split],
+        )
+        for i in range(split)
+    ]
+    in_order = quarters[0] + quarters[1] + quarters[2] + quarters[3]
+    torch.testing.assert_close(first.cpu(), in_order.cpu(), atol=1e-3, rtol=1e-4)
+    for _ in range(3):
+        assert torch.equal(skinny_matmul.launch(x, weight, None, tile), first)
+    part, count = skinny_matmul._splits[x.device]
+    assert not count.any() and part.numel() >= split * n * (1 if rows == 1 else 16)
+    other = torch.randn((2 * n, k), generator=generator).to(device)
+    torch.testing.assert_close(
+        skinny_matmul.launch(x, other, None, tile).cpu(),
+        F.linear(x, other).cpu(),
+        atol=1e-3,
+        rtol=1e-4,
+    )
 
 
 def test_skinny_matmul_strided_rows_are_read_by_stride() -> None:
@@ -87,28 +122,35 @@ def test_tiles_fit_only_divisible_shapes() -> None:
     assert Tile(16, 512).fits(4096, 14336)
     assert not Tile(32, 256).fits(48, 4096)
     assert not Tile(16, 512).fits(4096, 4000)
+    assert Tile(8, 512, split_k=2).fits(4096, 14336)  # 14336 = 14 x (2 x 512)
+    assert not Tile(8, 512, split_k=4).fits(4096, 5120)  # 5120 = 2.5 x (4 x 512)
 
 
 def test_chooser_keeps_cublas_unless_triton_wins_by_the_margin(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     timings = iter([10.0, 9.8, 9.6, 12.0])  # cuBLAS, then the tiles: 9.8 > 0.97 * 10 > 9.6
-    monkeypatch.setattr(skinny_matmul, "_time", lambda run, device: next(timings))
-    tiles = list(skinny_matmul.ONE_ROW_TILES)
-    device = torch.device("cpu")
-    chosen = skinny_matmul._fastest(tiles, lambda: None, lambda tile: None, device)
+    monkeypatch.setattr(skinny_matmul, "_time", lambda run, weights: next(timings))
+    tiles = [Tile(16, 512), Tile(32, 256), Tile(8, 1024)]
+    weights = [torch.zeros(1)]
+    chosen = skinny_matmul._fastest(tiles, lambda w: None, lambda tile, w: None, weights)
     assert chosen == tiles[1]
     timings = iter([10.0, 9.9, 9.8, 9.75])
-    assert skinny_matmul._fastest(tiles, lambda: None, lambda tile: None, device) is None
-    assert skinny_matmul._fastest([], lambda: None, lambda tile: None, device) is None
+    assert skinny_matmul._fastest(tiles, lambda w: None, lambda tile, w: None, weights) is None
+    assert skinny_matmul._fastest([], lambda w: None, lambda tile, w: None, weights) is None
 
 
 @pytest.mark.parametrize("rows", [1, 5])
 @pytest.mark.parametrize("with_residual", [False, True])
-def test_norm_prologue_matches_add_rms_norm_then_linear(rows: int, with_residual: bool) -> None:
+@pytest.mark.parametrize("split_k", [1, 4])
+def test_norm_prologue_matches_add_rms_norm_then_linear(
+    rows: int, with_residual: bool, split_k: int
+) -> None:
+    """Split-K: each program normalises by the whole row's RMS and writes its own part of
+    the new residual."""
     device = _kernel_device()
     k, n = 256, 64
-    tile = Tile(16, 64) if rows == 1 else Tile(32, 64)
+    tile = Tile(16 if rows == 1 else 32, 64, split_k=split_k)
     for dtype in _dtypes(device):
         generator = torch.Generator().manual_seed(10 + rows)
         x = torch.randn((rows, k), generator=generator).to(dtype)
@@ -143,6 +185,8 @@ def test_tiny_llama_with_every_projection_in_triton_matches_hf(
         if x.shape[0] > skinny_matmul.MAX_ROWS or not layer.weight.is_contiguous():
             return None
         kinds.add(kind)
+        if kind in ("gated", "norm+residual"):  # split-K's wiring too
+            return Tile(16, 16, split_k=2)
         return Tile(16, 32)  # divides every projection of the tiny shape
 
     monkeypatch.setattr(skinny_matmul, "_tile_for", forced)

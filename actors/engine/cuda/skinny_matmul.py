@@ -9,9 +9,9 @@ bound by reading the weights, so:
 * ``triton_gemv``'s kernels give each program ``BLOCK_N`` output columns over the whole
   K, or over 1/``split_k`` of it, the last program of a column tile to finish summing the
   partials (no reduce kernel either way; split-K gives skinny shapes with few column
-  tiles, o and q|k|v at 64 rows, more programs than SMs). One row (batch 1, ``gemv_kernel``) multiplies into a
-  float32 tile summed once after the K loop; 2..64 rows (``skinny_matmul_kernel``) use
-  ``tl.dot`` with the rows padded to 16 or 64.
+  tiles, o and q|k|v at 64 rows, more programs than SMs). One row (batch 1,
+  ``gemv_kernel``) multiplies into a float32 tile summed once after the K loop; 2..64
+  rows (``skinny_matmul_kernel``) use ``tl.dot`` with the rows padded to 16 or 64.
 * The small ops in front of a projection run inside it, rounded exactly as the unfused
   kernels round: ``norm_linear`` (add + RMSNorm, then q|k|v or gate|up; program 0 writes
   the new residual) and ``gated_linear`` (SiLU(gate)·up, then down).

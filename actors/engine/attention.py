@@ -155,13 +155,11 @@ def paged_attention(
     scale: float,
     store_kv: bool = True,
     window: int | None = None,
-    decode_rotary: triton_attention.DecodeRotary | None = None,
 ) -> torch.Tensor:
     """Attention for every token of the step; q is ``[tokens, heads, dim]``.
 
-    ``store_kv=False``: the caller already wrote k and v into the cache (fused RoPE), or
-    ``decode_rotary`` has the decode kernel rotate and cache them (a decode-only step:
-    ``rotary_in_decode``). ``window``: this layer's sliding window (None: full attention).
+    ``store_kv=False``: the caller already wrote k and v into the cache (fused RoPE).
+    ``window``: this layer's sliding window (None: full attention).
     """
     if store_kv:
         write_kv(k_cache, v_cache, k.to(k_cache.dtype), v.to(v_cache.dtype), meta.slot_mapping)
@@ -185,7 +183,6 @@ def paged_attention(
             scale,
             paged.num_splits,
             window,
-            decode_rotary,
         )
     if meta.paged_prefill is not None:
         chunks = meta.paged_prefill
@@ -210,20 +207,6 @@ def paged_attention(
             q, k, v, k_cache, v_cache, chunk, scale, window, cudnn=fast
         )
     return out
-
-
-def rotary_in_decode(meta: AttentionMetadata, num_tokens: int) -> bool:
-    """Whether the decode kernel can do the step's RoPE and cache writes (fast paths): a
-    step of decode rows only, every token one row of ``paged_decode``."""
-    paged = meta.paged_decode
-    others = (meta.decode, meta.paged_prefill)
-    return (
-        meta.cuda_fast_paths
-        and paged is not None
-        and all(part is None for part in others)
-        and not meta.prefills
-        and paged.block_tables.shape[0] == num_tokens
-    )
 
 
 def _one_chunk_only(meta: AttentionMetadata, num_tokens: int) -> bool:

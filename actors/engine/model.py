@@ -22,9 +22,8 @@ from typing import cast
 import torch
 from torch import nn
 
-from dynask.actors.engine.attention import AttentionMetadata, paged_attention, rotary_in_decode
+from dynask.actors.engine.attention import AttentionMetadata, paged_attention
 from dynask.actors.engine.cuda import fused_ops, skinny_matmul
-from dynask.actors.engine.cuda.triton_attention import DecodeRotary
 from dynask.actors.engine.model_config import ModelConfig
 
 
@@ -119,8 +118,7 @@ class Attention(nn.Module):
         """Attention ``[tokens, heads, dim]`` from the fused q|k|v projection's output."""
         num_tokens = qkv.shape[0]
         fused = self.q_norm is None and fused_ops.can_fuse_rotary(qkv, self.head_dim)
-        in_decode = fused and rotary_in_decode(meta, num_tokens)
-        if fused and not in_decode:  # RoPE in place in qkv, k and v into the cache
+        if fused:  # RoPE in place in qkv, k and v into the cache: one kernel
             fused_ops.rotary_and_store(
                 qkv, positions, rotary.cos, rotary.sin, kv_cache, meta.slot_mapping,
                 self.num_heads, self.num_kv_heads,
@@ -133,13 +131,9 @@ class Attention(nn.Module):
             if self.q_norm is not None and self.k_norm is not None:
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k = rotary(q, k, positions)
-        decode_rotary = None
-        if in_decode:  # the decode kernel rotates q and k and caches k and v
-            decode_rotary = DecodeRotary(k, v, positions, rotary.cos, rotary.sin, meta.slot_mapping)
         return paged_attention(
-            q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, not fused, self.window,
-            decode_rotary,
-        )  # fmt: skip
+            q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, not fused, self.window
+        )
 
 
 class MLP(nn.Module):

@@ -39,7 +39,6 @@ it, and an engine with the fast paths off never compiles the split kernels.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -73,20 +72,6 @@ def decode_splits(num_rows: int, num_kv_heads: int, num_sms: int) -> int:
     return min(16, next_power_of_2(wanted)) if wanted > 1 else 1
 
 
-@dataclass(frozen=True)
-class DecodeRotary:
-    """RoPE done by the decode kernel (instead of ``fused_ops.rotary_and_store`` before it):
-    on q as it loads it and on the row's new key, which the split holding the new position
-    writes into its slot with the new value; rounded as ``rotary_and_store`` rounds."""
-
-    k: torch.Tensor  # [rows, kv_heads, dim]: the new keys before RoPE (q's row stride)
-    v: torch.Tensor  # [rows, kv_heads, dim]: the new values (q's row stride)
-    positions: torch.Tensor  # [rows] long
-    cos: torch.Tensor  # [positions, dim / 2]
-    sin: torch.Tensor
-    slots: torch.Tensor  # [rows] long: where the new key and value go
-
-
 def paged_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -97,14 +82,12 @@ def paged_decode(
     scale: float,
     num_splits: int,
     window: int | None = None,
-    rotary: DecodeRotary | None = None,
 ) -> None:
     """Writes attention of ``q [rows, heads, dim]`` (one token per row) into ``out``.
 
     ``q`` may be a view with any row stride (a slice of the fused qkv output); its heads
     and dims must be dense. ``out`` is contiguous. ``window``: a sliding window (each row
-    sees its last ``window`` positions; None: the whole context). ``rotary``: q and the
-    new keys are still to be rotated, and the new keys and values to be cached.
+    sees its last ``window`` positions; None: the whole context).
     """
     kernels = load_kernels()
     rows, num_heads, head_dim = q.shape
@@ -124,11 +107,6 @@ def paged_decode(
         part_ml = torch.empty(
             (rows, num_heads, num_splits, 2), dtype=torch.float32, device=q.device
         )
-    if rotary is not None and (
-        rotary.k.stride(0) != q.stride(0) or rotary.v.stride(0) != q.stride(0)
-    ):
-        raise ValueError("paged_decode: the new keys and values must share q's row stride")
-    new = rotary or DecodeRotary(q, q, seq_lens, q, q, seq_lens)  # placeholders: no RoPE
     kernels.decode_kernel[(rows, num_kv_heads, num_splits)](
         q,
         k_cache,
@@ -139,13 +117,6 @@ def paged_decode(
         arrivals,
         block_tables,
         seq_lens,
-        new.k,
-        new.v,
-        new.positions,
-        new.cos,
-        new.sin,
-        new.slots,
-        new.cos.stride(0),
         q.stride(0),
         block_tables.stride(0),
         scale * LOG2E,
@@ -157,7 +128,6 @@ def paged_decode(
         NUM_SPLITS=num_splits,
         IEEE=ieee,
         WINDOW=window or 0,
-        ROTARY=rotary is not None,
         num_warps=4,
         num_stages=3,
         **common,

@@ -67,14 +67,7 @@ def attend(
 # each new specialisation is a compile (~0.5 s) in the middle of serving.
 @triton.jit(
     do_not_specialize=["q_stride", "table_stride"],
-    do_not_specialize_on_alignment=[
-        "tables_ptr",
-        "seq_lens_ptr",
-        "k_new_ptr",
-        "v_new_ptr",
-        "pos_ptr",
-        "slot_ptr",
-    ],
+    do_not_specialize_on_alignment=["tables_ptr", "seq_lens_ptr"],
 )
 def decode_kernel(
     q_ptr,
@@ -86,13 +79,6 @@ def decode_kernel(
     arrivals_ptr,
     tables_ptr,
     seq_lens_ptr,
-    k_new_ptr,
-    v_new_ptr,
-    pos_ptr,
-    cos_ptr,
-    sin_ptr,
-    slot_ptr,
-    cos_stride,
     q_stride,
     table_stride,
     scale_log2,
@@ -106,7 +92,6 @@ def decode_kernel(
     NUM_SPLITS: tl.constexpr,
     IEEE: tl.constexpr,
     WINDOW: tl.constexpr,
-    ROTARY: tl.constexpr,
 ):
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -127,30 +112,6 @@ def decode_kernel(
         chunk = tl.cdiv(tl.cdiv(seq_len - first, NUM_SPLITS), BLOCK_N) * BLOCK_N
         lo = first + split * chunk
         hi = tl.minimum(seq_len, lo + chunk)
-        if ROTARY:  # RoPE here (q, the new k); the split with the new key caches k and v
-            pos = tl.load(pos_ptr + row)
-            swapped = (dims + HEAD_DIM // 2) % HEAD_DIM
-            q_swapped = row * q_stride + head[:, None] * HEAD_DIM + swapped[None, :]
-            q_partner = tl.load(q_ptr + q_swapped, mask=r_ok[:, None], other=0.0)
-            q = rope(
-                q, q_partner, cos_ptr + pos * cos_stride, sin_ptr + pos * cos_stride, dims, HEAD_DIM
-            )
-            if (lo <= seq_len - 1) & (seq_len - 1 < hi):
-                new = row * q_stride + kv_head * HEAD_DIM
-                k = tl.load(k_new_ptr + new + dims)[None, :]
-                k_partner = tl.load(k_new_ptr + new + swapped)[None, :]
-                k = rope(
-                    k,
-                    k_partner,
-                    cos_ptr + pos * cos_stride,
-                    sin_ptr + pos * cos_stride,
-                    dims,
-                    HEAD_DIM,
-                )
-                cached = (tl.load(slot_ptr + row) * NUM_KV_HEADS + kv_head) * HEAD_DIM + dims
-                tl.store(k_ptr + cached[None, :], k)
-                tl.store(v_ptr + cached, tl.load(v_new_ptr + new + dims))
-            tl.debug_barrier()  # the new key is in the cache before any thread reads it
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
@@ -195,19 +156,6 @@ def decode_kernel(
                 )
                 tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=r_ok[:, None])
                 tl.atomic_xchg(count_ptr, 0)
-
-
-@triton.jit
-def rope(x, partner, cos_row, sin_row, dims, HEAD_DIM: tl.constexpr):
-    # x * cos + rotate_half(x) * sin over rows [R, HEAD_DIM] (partner: x with its halves
-    # swapped), each product and the sum rounded as rotary_store_kernel rounds them.
-    dtype = x.dtype
-    half = HEAD_DIM // 2
-    cos = tl.load(cos_row + dims % half).to(dtype).to(tl.float32)[None, :]
-    sin = tl.load(sin_row + dims % half).to(dtype).to(tl.float32)[None, :]
-    a = (x.to(tl.float32) * cos).to(dtype)
-    b = (partner.to(tl.float32) * sin).to(dtype)
-    return tl.where((dims < half)[None, :], a - b, a + b).to(dtype)
 
 
 @triton.jit

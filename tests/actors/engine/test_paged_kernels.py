@@ -18,7 +18,7 @@ import os
 import pytest
 import torch
 
-from dynask.actors.engine.cuda import fused_ops, triton_attention
+from dynask.actors.engine.cuda import triton_attention
 
 
 def _kernel_device() -> torch.device:
@@ -114,70 +114,6 @@ def test_decode_matches_reference(heads, kv_heads, block_size, splits, dtype, wi
         torch.testing.assert_close(
             out[row].double().cpu(), expected[0].cpu(), atol=tolerance, rtol=tolerance
         )
-
-
-@pytest.mark.parametrize(
-    ("splits", "dtype", "window"),
-    [
-        (1, torch.float32, None),
-        (4, torch.float32, None),
-        (8, torch.float32, 37),
-        (4, torch.bfloat16, None),
-        (1, torch.bfloat16, 50),
-    ],
-)
-def test_rotary_in_the_decode_kernel_equals_rotary_and_store_then_decode(
-    splits, dtype, window
-) -> None:
-    """The fast paths' decode-only steps: the kernel rotates q and the new keys itself and
-    caches the new keys and values; same bits as ``rotary_and_store`` then the kernel."""
-    device = _kernel_device()
-    if device.type == "cpu" and dtype == torch.bfloat16:
-        pytest.skip("Triton's interpreter computes bfloat16 wrongly (numpy has no bfloat16)")
-    heads, kv_heads, dim, block_size = 4, 2, 32, 16
-    seq_lens = [1, 70, 0, 133]  # the third row is padding
-    width = -(-max(seq_lens) // block_size)
-    blocks = 4 * width + 1  # the last block holds the padding row's scratch slot
-    k_cache, v_cache = _cache(blocks, block_size, kv_heads, dim, dtype, device, seed=3)
-    generator = torch.Generator().manual_seed(4)
-    tables = torch.randperm(blocks - 1, generator=generator)[: 4 * width].view(4, width)
-    positions = [max(n - 1, 0) for n in seq_lens]
-    slots = [
-        int(tables[r, p // block_size]) * block_size + p % block_size
-        for r, p in enumerate(positions)
-    ]
-    slots[2] = (blocks - 1) * block_size
-    q_size, kv_size = heads * dim, kv_heads * dim
-    qkv = torch.randn((4, q_size + 2 * kv_size), generator=generator).to(device, dtype)
-    cos = torch.randn((200, dim), generator=generator).to(device, dtype)
-    sin = torch.randn((200, dim), generator=generator).to(device, dtype)
-    longs = {"device": device, "dtype": torch.long}
-    pos, slot = torch.tensor(positions, **longs), torch.tensor(slots, **longs)
-    lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
-    tables_on = tables.to(device, torch.int32)
-
-    def decode(rotary_in_kernel: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        fused, k, v = qkv.clone(), k_cache.clone(), v_cache.clone()
-        rotary = None
-        if rotary_in_kernel:
-            new_k = fused[:, q_size : q_size + kv_size].view(4, kv_heads, dim)
-            new_v = fused[:, q_size + kv_size :].view(4, kv_heads, dim)
-            rotary = triton_attention.DecodeRotary(new_k, new_v, pos, cos, sin, slot)
-        else:
-            fused_ops.rotary_and_store(fused, pos, cos, sin, (k, v), slot, heads, kv_heads)
-        q = fused[:, :q_size].view(4, heads, dim)
-        out = torch.full_like(q, 7.0)
-        triton_attention.paged_decode(
-            q, k, v, out, tables_on, lens, dim**-0.5, splits, window, rotary
-        )
-        return out, k, v
-
-    want, got = decode(False), decode(True)
-    real = [0, 1, 3]
-    assert torch.equal(got[0][real], want[0][real]) and torch.all(got[0][2] == 7.0)
-    for got_cache, want_cache, before in zip(got[1:], want[1:], (k_cache, v_cache), strict=True):
-        assert torch.equal(got_cache[:-1], want_cache[:-1])  # the new keys and values
-        assert torch.equal(got_cache[-1], before[-1])  # the padding row wrote nothing
 
 
 @pytest.mark.parametrize(

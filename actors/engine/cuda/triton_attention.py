@@ -11,11 +11,9 @@ Design decisions:
   contiguous copy. The loop stops at the last query's position (causal), so a prefill
   tile with a cached prefix reads exactly the keys it needs.
 * Decode (one token per sequence) splits each sequence's context over ``num_splits``
-  programs (flash-decoding) when the batch alone cannot fill the GPU. Each split stores
-  its partial softmax and counts itself in ``arrivals[row, kv head]``; the last to arrive
-  merges the partials in split order and resets the count (one kernel: a separate merge
-  kernel was 1.8 µs a layer at batch 1 on an H200, plus its launch gap). The split count
-  is fixed per call, so a CUDA graph captured for a batch size keeps it.
+  programs (flash-decoding) when the batch alone cannot fill the GPU, then merges the
+  partial softmaxes in a second small kernel. The split count is fixed per call, so a
+  CUDA graph captured for a batch size keeps it.
 * Fast path (``EngineConfig.cuda_fast_paths``, on by default since 2026-12-01): prefill
   tiles split their keys the same way when the tiles alone leave most of the GPU idle
   (``prefill_splits``): a prompt whose prefix is cached recomputes one block after
@@ -98,9 +96,8 @@ def paged_decode(
         "NUM_HEADS": num_heads,
         "HEAD_DIM": head_dim,
     }
-    part_acc = part_ml = arrivals = out  # unused placeholders when not split
+    part_acc = part_ml = out  # unused placeholders when not split
     if num_splits > 1:
-        arrivals = split_arrivals(q.device, rows * num_kv_heads)
         part_acc = torch.empty(
             (rows, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
         )
@@ -114,7 +111,6 @@ def paged_decode(
         out,
         part_acc,
         part_ml,
-        arrivals,
         block_tables,
         seq_lens,
         q.stride(0),
@@ -132,26 +128,10 @@ def paged_decode(
         num_stages=3,
         **common,
     )
-
-
-# The split decode's arrival counts, one zeroed int32 per (row, kv head), per device: a
-# process's engine runs its model on one stream at a time, and every launch leaves them
-# zero. Outgrown ones are kept: a captured CUDA graph may still point at them.
-_arrivals: dict[torch.device, torch.Tensor] = {}
-_outgrown: list[torch.Tensor] = []
-
-
-def split_arrivals(device: torch.device, count: int) -> torch.Tensor:
-    counts = _arrivals.get(device)
-    if counts is not None and counts.numel() >= count:
-        return counts
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError("split decode's counts must be sized before a CUDA-graph capture")
-    if counts is not None:
-        _outgrown.append(counts)
-    counts = torch.zeros(max(count, 256), dtype=torch.int32, device=device)
-    _arrivals[device] = counts
-    return counts
+    if num_splits > 1:
+        kernels.merge_kernel[(rows, num_heads)](
+            out, part_acc, part_ml, seq_lens, NUM_SPLITS=num_splits, num_warps=1, **common
+        )
 
 
 def prefill_tiles(

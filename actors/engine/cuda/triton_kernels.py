@@ -76,7 +76,6 @@ def decode_kernel(
     out_ptr,
     part_acc_ptr,
     part_ml_ptr,
-    arrivals_ptr,
     tables_ptr,
     seq_lens_ptr,
     q_stride,
@@ -141,52 +140,38 @@ def decode_kernel(
             out = acc / l_i[:, None]
             tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=r_ok[:, None])
         else:
-            # Each split stores its partial softmax; the last of the row's (kv head's)
-            # splits to finish merges them, in split order, and resets the count.
-            part = (row * NUM_HEADS + head) * NUM_SPLITS
-            acc_ptrs = part_acc_ptr + (part + split)[:, None] * HEAD_DIM + dims[None, :]
-            tl.store(acc_ptrs, acc, mask=r_ok[:, None])
-            tl.store(part_ml_ptr + (part + split) * 2, m_i, mask=r_ok)
-            tl.store(part_ml_ptr + (part + split) * 2 + 1, l_i, mask=r_ok)
-            tl.debug_barrier()  # every thread's partial is written before the count says so
-            count_ptr = arrivals_ptr + row * NUM_KV_HEADS + kv_head
-            if tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1:
-                out = merge_splits(
-                    part_acc_ptr, part_ml_ptr, part, dims, r_ok, BLOCK_M, HEAD_DIM, NUM_SPLITS
-                )
-                tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=r_ok[:, None])
-                tl.atomic_xchg(count_ptr, 0)
+            part = (row * NUM_HEADS + head) * NUM_SPLITS + split
+            tl.store(
+                part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc, mask=r_ok[:, None]
+            )
+            tl.store(part_ml_ptr + part * 2, m_i, mask=r_ok)
+            tl.store(part_ml_ptr + part * 2 + 1, l_i, mask=r_ok)
 
 
 @triton.jit
-def merge_splits(
+def merge_kernel(
+    out_ptr,
     part_acc_ptr,
     part_ml_ptr,
-    part,
-    dims,
-    r_ok,
-    BLOCK_M: tl.constexpr,
+    seq_lens_ptr,
+    NUM_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
 ):
-    # The softmax over every split's keys from their partials (rows: the group's heads).
-    # Loaded from L2 (.cg): other SMs wrote them.
-    m_max = tl.load(part_ml_ptr + part * 2, mask=r_ok, other=0.0, cache_modifier=".cg")
-    for s in tl.static_range(1, NUM_SPLITS):
-        m = tl.load(part_ml_ptr + (part + s) * 2, mask=r_ok, other=0.0, cache_modifier=".cg")
-        m_max = tl.maximum(m_max, m)
-    total = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    denominator = tl.zeros([BLOCK_M], tl.float32)
-    for s in tl.static_range(NUM_SPLITS):
-        ml_ptrs = part_ml_ptr + (part + s) * 2
-        m = tl.load(ml_ptrs, mask=r_ok, other=0.0, cache_modifier=".cg")
-        l_s = tl.load(ml_ptrs + 1, mask=r_ok, other=0.0, cache_modifier=".cg")
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    if tl.load(seq_lens_ptr + row) > 0:
+        splits = tl.arange(0, NUM_SPLITS)
+        dims = tl.arange(0, HEAD_DIM)
+        part = (row * NUM_HEADS + head) * NUM_SPLITS + splits
+        m = tl.load(part_ml_ptr + part * 2)
+        l_part = tl.load(part_ml_ptr + part * 2 + 1)
+        m_max = tl.max(m, 0)
         weight = tl.where(m == float("-inf"), 0.0, tl.exp2(m - m_max))
-        acc_ptrs = part_acc_ptr + (part + s)[:, None] * HEAD_DIM + dims[None, :]
-        acc = tl.load(acc_ptrs, mask=r_ok[:, None], other=0.0, cache_modifier=".cg")
-        total += acc * weight[:, None]
-        denominator += l_s * weight
-    return total / tl.where(r_ok, denominator, 1.0)[:, None]
+        acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :])
+        total = tl.sum(acc * weight[:, None], 0) / tl.sum(l_part * weight, 0)
+        offs = (row * NUM_HEADS + head) * HEAD_DIM + dims
+        tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty))
 
 
 @triton.jit(

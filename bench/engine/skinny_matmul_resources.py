@@ -28,22 +28,24 @@ from dynask.actors.engine.cuda import skinny_matmul, triton_gemv
 PROLOGUES = {"plain": (False, False, False), "gated": (True, False, False)}
 PROLOGUES.update({"norm": (False, True, False), "norm+residual": (False, True, True)})
 POINTERS = ("x_ptr", "w_ptr", "bias_ptr", "y_ptr", "res_ptr", "res_out_ptr", "norm_w_ptr")
-FLAGS = ("HAS_BIAS", "GATED", "NORM", "HAS_RES", "BLOCK_N", "BLOCK_K")
+FLAGS = ("HAS_BIAS", "GATED", "NORM", "HAS_RES", "BLOCK_N", "BLOCK_K", "SPLIT_K")
 
 
 def _signature(rows: int) -> dict[str, str]:
-    signature = {name: "*bf16" for name in POINTERS} | {"eps": "fp32"}
+    signature = {name: "*bf16" for name in POINTERS}
+    signature |= {"part_ptr": "*fp32", "count_ptr": "*i32", "eps": "fp32"}
     if rows == 1:
-        signature["k_dim"] = "i32"
+        signature |= {"n_dim": "i32", "k_dim": "i32"}
     else:
-        signature |= {name: "i32" for name in ("m_rows", "k_dim", "x_stride", "y_stride")}
+        sizes = ("m_rows", "n_dim", "k_dim", "x_stride", "y_stride")
+        signature |= {name: "i32" for name in sizes}
         signature |= {"IEEE": "constexpr", "BLOCK_M": "constexpr"}
     return signature | {name: "constexpr" for name in FLAGS}
 
 
 def _aligned(kernel: Any, signature: dict[str, str]) -> dict[tuple[int, ...], Any]:
     """What a launch specialises on: 16-byte aligned pointers, sizes and strides % 16."""
-    sized = ("k_dim", "x_stride", "y_stride")
+    sized = ("n_dim", "k_dim", "x_stride", "y_stride")
     return {
         (kernel.arg_names.index(name),): [["tt.divisibility", 16]]
         for name, kind in signature.items()
@@ -74,7 +76,7 @@ def main() -> None:
             for name, (gated, norm, residual) in PROLOGUES.items():
                 constants: dict[str, Any] = {"HAS_BIAS": False, "GATED": gated, "NORM": norm}
                 constants |= {"HAS_RES": residual, "BLOCK_N": tile.block_n}
-                constants["BLOCK_K"] = tile.block_k
+                constants |= {"BLOCK_K": tile.block_k, "SPLIT_K": tile.split_k}
                 if rows > 1:
                     constants |= {"IEEE": False, "BLOCK_M": skinny_matmul.dot_rows(rows)}
                 options = {"num_warps": tile.num_warps, "num_stages": tile.num_stages}

@@ -169,7 +169,16 @@ FIGURES: dict[str, Callable[[dict[str, Any]], Figure]] = {
 
 META = {"machine", "config", "code", "code_at_start", "code_at_end", "args", "settings", "argv"}
 COUNTS = {"repeats", "requests", "trials", "passes", "rounds", "steps", "all_runs"}  # not metrics
-LABEL_KEYS = ("batch", "concurrency", "clients", "cap", "featured_rows", "size_mib", "actors")
+LABEL_KEYS = (
+    "batch",
+    "rows",
+    "concurrency",
+    "clients",
+    "cap",
+    "featured_rows",
+    "size_mib",
+    "actors",
+)
 PREFERRED = ("tok_s", "req_per_s", "ttft", "itl", "gbps", "ratio", "hit", "speedup", "_ms", "share")
 MAX_TABLES, MAX_METRICS = 3, 4
 Rows = list[dict[str, Any]]

@@ -301,13 +301,18 @@ def cold_copies(weight: torch.Tensor) -> list[torch.Tensor]:
     """``weight`` and enough copies of it that cycling through them reads each from HBM
     (more than twice the L2 in all), as a decode step reads each layer's weights."""
     l2 = torch.cuda.get_device_properties(weight.device).L2_cache_size
-    wanted = min(MAX_COPIES, -(-2 * l2 // (weight.numel() * weight.element_size())))
+    wanted = copies_wanted(weight.numel() * weight.element_size(), l2)
     copies = [weight]
     try:
         copies += [weight.clone() for _ in range(wanted - 1)]
     except torch.OutOfMemoryError:
         log.warning("skinny matmul: no room for %d copies of %s to time on", wanted, weight.shape)
     return copies
+
+
+def copies_wanted(weight_bytes: int, l2_bytes: int) -> int:
+    """How many of a weight (itself included) fill more than twice the L2: 1..MAX_COPIES."""
+    return max(1, min(MAX_COPIES, -(-2 * l2_bytes // weight_bytes)))
 
 
 def _time(run: Callable[[torch.Tensor], object], weights: list[torch.Tensor]) -> float:

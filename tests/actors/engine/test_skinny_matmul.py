@@ -126,6 +126,14 @@ def test_tiles_fit_only_divisible_shapes() -> None:
     assert not Tile(8, 512, split_k=4).fits(4096, 5120)  # 5120 = 2.5 x (4 x 512)
 
 
+def test_the_chooser_times_on_enough_copies_to_miss_the_l2() -> None:
+    l2 = 60 << 20  # an H200's
+    assert skinny_matmul.copies_wanted(4096 * 4096 * 2, l2) == 4  # o: 32 MiB, 3.75 of them
+    assert skinny_matmul.copies_wanted(6144 * 4096 * 2, l2) == 3  # q|k|v: 48 MiB
+    assert skinny_matmul.copies_wanted(28672 * 4096 * 2, l2) == 1  # gate|up: 224 MiB
+    assert skinny_matmul.copies_wanted(1 << 20, l2) == skinny_matmul.MAX_COPIES
+
+
 def test_chooser_keeps_cublas_unless_triton_wins_by_the_margin(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -134,8 +134,9 @@ def launch(
     flags["HAS_RES"] = has_res
     grid = (n // tile.block_n, tile.split_k)
     block_m = 1 if rows == 1 else dot_rows(rows)
-    split = tile.split_k > 1
-    part, count = _split_buffers(x.device, split * tile.split_k * block_m * n, split * grid[0])
+    part, count = x, x  # unused placeholders unless split
+    if tile.split_k > 1:
+        part, count = _split_buffers(x.device, tile.split_k * block_m * n, grid[0])
     if rows == 1:
         triton_gemv.gemv_kernel[grid](
             x, weight, *tensors, part, count, eps, n, k, **flags, BLOCK_N=tile.block_n,
@@ -172,8 +173,8 @@ def _split_buffers(
             raise RuntimeError("split-K buffers must be sized before a CUDA-graph capture")
         _outgrown.append((part, count))
         floats, tiles = max(floats, part.numel()), max(tiles, count.numel())
-    part = torch.empty(max(floats, 1), dtype=torch.float32, device=device)
-    count = torch.zeros(max(tiles, 1), dtype=torch.int32, device=device)
+    part = torch.empty(floats, dtype=torch.float32, device=device)
+    count = torch.zeros(tiles, dtype=torch.int32, device=device)
     _splits[device] = (part, count)
     return part, count
 

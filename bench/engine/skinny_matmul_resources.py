@@ -6,7 +6,8 @@ Compiles each candidate tile of ``actors/engine/cuda/skinny_matmul.py`` with eac
 (none, SiLU·mul, RMSNorm, add + RMSNorm) for the one-row, 16-row and 64-row variants,
 in bf16 with the specialisations of a real launch (aligned pointers, sizes % 16), through
 Triton's ptxas for ``sm_ARCH``, and prints registers, stack (spills), shared memory and
-whether the weight loads are 16-byte vectors or ``cp.async`` copies; exits 1 if any
+whether the weight loads are 16-byte vectors or ``cp.async`` copies (and whether it
+waits for the kernel before it: PDL, see ``pdl``); exits 1 if any
 spills. A tile that spills here is slow on the
 GPU whatever its timing; the device run then picks among the rest.
 """
@@ -28,7 +29,7 @@ from dynask.actors.engine.cuda import skinny_matmul, triton_gemv
 PROLOGUES = {"plain": (False, False, False), "gated": (True, False, False)}
 PROLOGUES.update({"norm": (False, True, False), "norm+residual": (False, True, True)})
 POINTERS = ("x_ptr", "w_ptr", "bias_ptr", "y_ptr", "res_ptr", "res_out_ptr", "norm_w_ptr")
-FLAGS = ("HAS_BIAS", "GATED", "NORM", "HAS_RES", "BLOCK_N", "BLOCK_K", "SPLIT_K")
+FLAGS = ("HAS_BIAS", "GATED", "NORM", "HAS_RES", "BLOCK_N", "BLOCK_K", "SPLIT_K", "PDL")
 
 
 def _signature(rows: int) -> dict[str, str]:
@@ -77,6 +78,7 @@ def main() -> None:
                 constants: dict[str, Any] = {"HAS_BIAS": False, "GATED": gated, "NORM": norm}
                 constants |= {"HAS_RES": residual, "BLOCK_N": tile.block_n}
                 constants |= {"BLOCK_K": tile.block_k, "SPLIT_K": tile.split_k}
+                constants |= {"PDL": target.arch >= 90}  # as the engine launches them
                 if rows > 1:
                     constants |= {"IEEE": False, "BLOCK_M": skinny_matmul.dot_rows(rows)}
                 options = {"num_warps": tile.num_warps, "num_stages": tile.num_stages}
@@ -86,13 +88,14 @@ def main() -> None:
                 usage = _usage(compiled)
                 spilling += usage.get("STACK", 0) > 0
                 ptx = compiled.asm["ptx"]
+                pdl = " griddepcontrol" if "griddepcontrol.wait" in ptx else ""
                 loads = (
                     "cp.async" if "cp.async" in ptx else "v4" if "ld.global.v4" in ptx else "scalar"
                 )
                 print(
                     f"rows {rows:2} {tile} {name:13}: {usage.get('REG')} registers, "
                     f"stack {usage.get('STACK')} B, shared {compiled.metadata.shared} B, "
-                    f"loads {loads}"
+                    f"loads {loads}{pdl}"
                 )
     print(f"{spilling} variants spill")
     raise SystemExit(1 if spilling else 0)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from dynask.actors.engine.cuda import pdl
 from dynask.actors.engine.cuda.triton_attention import load_kernels, next_power_of_2
 from dynask.kv.block import ceil_div
 
@@ -48,6 +49,7 @@ def add_rms_norm(
     load_kernels().add_rms_norm_kernel[(rows,)](
         x, residual if residual is not None else x, weight, out, summed, cols, eps,
         HAS_RES=residual is not None, BLOCK=next_power_of_2(cols), num_warps=8,
+        **pdl.options(x.device),
     )  # fmt: skip
     return out, summed
 
@@ -67,7 +69,9 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     rows = gate_up.numel() // (2 * n)
     out = torch.empty((*gate_up.shape[:-1], n), dtype=gate_up.dtype, device=gate_up.device)
     block = 1024
-    load_kernels().silu_and_mul_kernel[(rows, ceil_div(n, block))](gate_up, out, n, BLOCK=block)
+    load_kernels().silu_and_mul_kernel[(rows, ceil_div(n, block))](
+        gate_up, out, n, BLOCK=block, **pdl.options(gate_up.device)
+    )
     return out
 
 
@@ -91,4 +95,5 @@ def rotary_and_store(
         qkv, positions, cos, sin, kv_cache[0], kv_cache[1], slots, qkv.stride(0),
         cos.stride(0), NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
         BLOCK_H=next_power_of_2(max(num_heads, num_kv_heads)), HALF=head_dim // 2, num_warps=4,
+        **pdl.options(qkv.device),
     )  # fmt: skip

@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dynask.actors.engine.cuda import fused_ops
+from dynask.actors.engine.cuda import fused_ops, pdl
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +134,7 @@ def launch(
     flags["HAS_RES"] = has_res
     grid = (n // tile.block_n, tile.split_k)
     block_m = 1 if rows == 1 else dot_rows(rows)
+    launch_options = pdl.options(x.device)
     part, count = x, x  # unused placeholders unless split
     if tile.split_k > 1:
         part, count = _split_buffers(x.device, tile.split_k * block_m * n, grid[0])
@@ -141,14 +142,14 @@ def launch(
         triton_gemv.gemv_kernel[grid](
             x, weight, *tensors, part, count, eps, n, k, **flags, BLOCK_N=tile.block_n,
             BLOCK_K=tile.block_k, SPLIT_K=tile.split_k, num_warps=tile.num_warps,
-            num_stages=tile.num_stages,
+            num_stages=tile.num_stages, **launch_options,
         )  # fmt: skip
         return out
     triton_gemv.skinny_matmul_kernel[grid](
         x, weight, *tensors, part, count, eps, rows, n, k, x.stride(0), out.stride(0), **flags,
         IEEE=x.dtype == torch.float32, BLOCK_M=block_m, BLOCK_N=tile.block_n,
         BLOCK_K=tile.block_k, SPLIT_K=tile.split_k, num_warps=tile.num_warps,
-        num_stages=tile.num_stages,
+        num_stages=tile.num_stages, **launch_options,
     )  # fmt: skip
     return out
 

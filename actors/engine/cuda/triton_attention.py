@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from dynask.actors.engine.cuda import pdl
 from dynask.kv.block import ceil_div
 
 LOG2E = 1.4426950408889634
@@ -127,11 +128,13 @@ def paged_decode(
         num_warps=4,
         num_stages=3,
         **common,
+        **pdl.options(q.device),
     )
     if num_splits > 1:
         kernels.merge_kernel[(rows, num_heads)](
-            out, part_acc, part_ml, seq_lens, NUM_SPLITS=num_splits, num_warps=1, **common
-        )
+            out, part_acc, part_ml, seq_lens, NUM_SPLITS=num_splits, num_warps=1, **common,
+            **pdl.options(q.device),
+        )  # fmt: skip
 
 
 def prefill_tiles(

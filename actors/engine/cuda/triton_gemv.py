@@ -75,6 +75,31 @@ def _prologue(
 
 
 @triton.jit
+def _gemv_step(acc, w, x_ptrs, res_ptrs, res_out_ptrs, norm_w_ptrs, rstd, mask, k_dim,
+               GATED: tl.constexpr, NORM: tl.constexpr, HAS_RES: tl.constexpr):  # fmt: skip
+    # acc + w * the input block at these pointers (one row: elementwise, summed later).
+    x = tl.load(x_ptrs, mask=mask, other=0.0)
+    x = _prologue(
+        x, x_ptrs, res_ptrs, res_out_ptrs, norm_w_ptrs, rstd, mask, k_dim, GATED, NORM, HAS_RES
+    )
+    return acc + w.to(tl.float32) * x.to(tl.float32)[None, :]
+
+
+@triton.jit
+def _dot_step(acc, w, x_ptrs, res_ptrs, res_out_ptrs, norm_w_ptrs, rstd, mask, k_dim,
+              GATED: tl.constexpr, NORM: tl.constexpr, HAS_RES: tl.constexpr,
+              IEEE: tl.constexpr):  # fmt: skip
+    # acc + the input block at these pointers @ w^T (2..64 rows).
+    x = tl.load(x_ptrs, mask=mask, other=0.0)
+    x = _prologue(
+        x, x_ptrs, res_ptrs, res_out_ptrs, norm_w_ptrs, rstd, mask, k_dim, GATED, NORM, HAS_RES
+    )
+    if IEEE:
+        return acc + tl.dot(x, tl.trans(w), input_precision="ieee")
+    return acc + tl.dot(x, tl.trans(w))
+
+
+@triton.jit
 def _store_out(acc, bias_ptr, y_ptrs, n, mask, HAS_BIAS: tl.constexpr):
     if HAS_BIAS:
         acc += tl.load(bias_ptr + n).to(tl.float32)
@@ -123,41 +148,40 @@ def skinny_matmul_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # 2..64 rows (BLOCK_M >= 16, tl.dot); NORM needs contiguous rows (x_stride = K).
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
     m_ok = (m < m_rows)[:, None]
     k_len = k_dim // SPLIT_K
     kk = tl.arange(0, BLOCK_K)
+    k_first = tl.program_id(1) * k_len
+    w_ptrs = w_ptr + n.to(tl.int64)[:, None] * k_dim + (k_first + kk)[None, :]
+    w = tl.load(w_ptrs)  # weights are never written: read before waiting (see pdl)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     x_ptrs = x_ptr + m[:, None] * x_stride + kk[None, :]
     res_ptrs = res_ptr + m[:, None] * k_dim + kk[None, :]
     rstd = tl.zeros([BLOCK_M, 1], tl.float32)
     if NORM:  # over the whole row, whichever part of K this program takes
         rstd = _row_rstd(x_ptrs, res_ptrs, m_ok, k_dim, eps, HAS_RES, BLOCK_K, 1)[:, None]
-    kk += tl.program_id(1) * k_len
-    w_ptrs = w_ptr + n.to(tl.int64)[:, None] * k_dim + kk[None, :]
-    x_ptrs = x_ptr + m[:, None] * x_stride + kk[None, :]
-    res_ptrs = res_ptr + m[:, None] * k_dim + kk[None, :]
-    res_out_ptrs = res_out_ptr + m[:, None] * k_dim + kk[None, :]
-    norm_w_ptrs = norm_w_ptr + kk[None, :]
+    x_ptrs += k_first
+    res_ptrs += k_first
+    res_out_ptrs = res_out_ptr + m[:, None] * k_dim + (k_first + kk)[None, :]
+    norm_w_ptrs = norm_w_ptr + (k_first + kk)[None, :]
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for _ in range(0, k_len, BLOCK_K):
-        w = tl.load(w_ptrs)
-        x = tl.load(x_ptrs, mask=m_ok, other=0.0)
-        x = _prologue(
-            x, x_ptrs, res_ptrs, res_out_ptrs, norm_w_ptrs, rstd, m_ok, k_dim, GATED, NORM,
-            HAS_RES,
+    acc = _dot_step(
+        acc, w, x_ptrs, res_ptrs, res_out_ptrs, norm_w_ptrs, rstd, m_ok, k_dim, GATED, NORM,
+        HAS_RES, IEEE,
+    )  # fmt: skip
+    for k0 in range(BLOCK_K, k_len, BLOCK_K):  # the first block is done above
+        acc = _dot_step(
+            acc, tl.load(w_ptrs + k0), x_ptrs + k0, res_ptrs + k0, res_out_ptrs + k0,
+            norm_w_ptrs + k0, rstd, m_ok, k_dim, GATED, NORM, HAS_RES, IEEE,
         )  # fmt: skip
-        if IEEE:
-            acc += tl.dot(x, tl.trans(w), input_precision="ieee")
-        else:
-            acc += tl.dot(x, tl.trans(w))
-        w_ptrs += BLOCK_K
-        x_ptrs += BLOCK_K
-        res_ptrs += BLOCK_K
-        res_out_ptrs += BLOCK_K
-        norm_w_ptrs += BLOCK_K
     y_ptrs = y_ptr + m[:, None] * y_stride + n[None, :]
     if SPLIT_K == 1:
         _store_out(acc, bias_ptr, y_ptrs, n[None, :], m_ok, HAS_BIAS)
@@ -189,36 +213,38 @@ def gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # One row: products accumulate elementwise in a [BLOCK_N, BLOCK_K] float32 tile,
     # summed over K once after the loop (no reduction per step).
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k_len = k_dim // SPLIT_K
     kk = tl.arange(0, BLOCK_K)
+    k_first = tl.program_id(1) * k_len
+    w_ptrs = w_ptr + n.to(tl.int64)[:, None] * k_dim + (k_first + kk)[None, :]
+    w = tl.load(w_ptrs)  # weights are never written: read before waiting (see pdl)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     ok = kk < BLOCK_K  # all true: the prologue's masks
     rstd = 0.0
     if NORM:  # over the whole row, whichever part of K this program takes
         rstd = _row_rstd(x_ptr + kk, res_ptr + kk, ok, k_dim, eps, HAS_RES, BLOCK_K, 0)
-    kk += tl.program_id(1) * k_len
-    w_ptrs = w_ptr + n.to(tl.int64)[:, None] * k_dim + kk[None, :]
+    kk += k_first
     x_ptrs = x_ptr + kk
     res_ptrs = res_ptr + kk
     res_out_ptrs = res_out_ptr + kk
     norm_w_ptrs = norm_w_ptr + kk
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    for _ in range(0, k_len, BLOCK_K):
-        w = tl.load(w_ptrs)
-        x = tl.load(x_ptrs)
-        x = _prologue(
-            x, x_ptrs, res_ptrs, res_out_ptrs, norm_w_ptrs, rstd, ok, k_dim, GATED, NORM,
-            HAS_RES,
+    acc = _gemv_step(
+        acc, w, x_ptrs, res_ptrs, res_out_ptrs, norm_w_ptrs, rstd, ok, k_dim, GATED, NORM, HAS_RES
+    )
+    for k0 in range(BLOCK_K, k_len, BLOCK_K):  # the first block is done above
+        acc = _gemv_step(
+            acc, tl.load(w_ptrs + k0), x_ptrs + k0, res_ptrs + k0, res_out_ptrs + k0,
+            norm_w_ptrs + k0, rstd, ok, k_dim, GATED, NORM, HAS_RES,
         )  # fmt: skip
-        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
-        w_ptrs += BLOCK_K
-        x_ptrs += BLOCK_K
-        res_ptrs += BLOCK_K
-        res_out_ptrs += BLOCK_K
-        norm_w_ptrs += BLOCK_K
     y = tl.sum(acc, axis=1)
     if SPLIT_K == 1:
         _store_out(y, bias_ptr, y_ptr + n, n, n < n_dim, HAS_BIAS)

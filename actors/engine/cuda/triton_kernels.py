@@ -10,6 +10,15 @@ import triton.language as tl
 
 
 @triton.jit
+def pdl_start(PDL: tl.constexpr):
+    # A kernel launched with PDL (see pdl): wait for the kernel before it, then let the
+    # next one launch.
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
 def attend(
     q,
     m_i,
@@ -91,7 +100,9 @@ def decode_kernel(
     NUM_SPLITS: tl.constexpr,
     IEEE: tl.constexpr,
     WINDOW: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_start(PDL)
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -157,7 +168,9 @@ def merge_kernel(
     NUM_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_start(PDL)
     row = tl.program_id(0)
     head = tl.program_id(1)
     if tl.load(seq_lens_ptr + row) > 0:
@@ -256,7 +269,9 @@ def add_rms_norm_kernel(
     eps,
     HAS_RES: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_start(PDL)
     # Rounds to the tensor dtype wherever transformers' eager ops round.
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -291,7 +306,9 @@ def rotary_store_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
     HALF: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_start(PDL)
     # One token: RoPE on its q and k heads in place (as q*cos + rotate_half(q)*sin, each
     # product and the sum rounded like transformers' ops), then k and v into the cache.
     token = tl.program_id(0).to(tl.int64)
@@ -325,7 +342,8 @@ def rotary_store_kernel(
 
 
 @triton.jit
-def silu_and_mul_kernel(x_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
+def silu_and_mul_kernel(x_ptr, out_ptr, n_cols, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < n_cols

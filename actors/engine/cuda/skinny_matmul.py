@@ -51,6 +51,12 @@ log = logging.getLogger(__name__)
 
 MAX_ROWS = 64
 MARGIN = 0.97  # Triton is kept only when it takes at most this share of cuBLAS's time
+# With PDL (see pdl) a Triton kernel also lets the kernel after it start during its tail,
+# which timing one op back to back cannot see: there Triton is kept unless cuBLAS is
+# clearly faster. On the H200 (2026-12-04) add+RMSNorm+gate|up at batch 1 timed even
+# (Triton 58.9 µs, cuBLAS 58.7) and the step's graph replay took 4.04 ms with it in
+# Triton, 4.08-4.19 ms in cuBLAS.
+PDL_MARGIN = 1.03
 TIMING_RUNS = 7
 BACK_TO_BACK = 8  # runs per timing, one after another as in a graph replay
 MAX_COPIES = 8  # of a weight to time on, to read it from HBM each run
@@ -276,17 +282,22 @@ def _tile_for(
         if torch.cuda.is_current_stream_capturing():
             return None  # nothing can be timed inside a capture: cuBLAS
         tiles = [t for t in candidates(rows) if t.fits(n, k)]
-        _choices[key] = _fastest(tiles, unfused, fused, cold_copies(weight))
+        margin = PDL_MARGIN if pdl.enabled(x.device) else MARGIN
+        _choices[key] = _fastest(tiles, unfused, fused, cold_copies(weight), margin)
         log.debug("skinny matmul %s: %s", key[:5], _choices[key] or "cublas")
     return _choices[key]
 
 
 def _fastest(
-    tiles: list[Tile], unfused: Unfused, fused: Fused, weights: list[torch.Tensor]
+    tiles: list[Tile],
+    unfused: Unfused,
+    fused: Fused,
+    weights: list[torch.Tensor],
+    margin: float = MARGIN,
 ) -> Tile | None:
     if not tiles:
         return None
-    best = MARGIN * _time(unfused, weights)
+    best = margin * _time(unfused, weights)
     chosen = None
     for tile in tiles:
         try:

@@ -25,6 +25,9 @@ bound by reading the weights, so:
   the kernels (cuBLAS's down projection at batch 1 "took" 126 µs; 30 µs in the graph).
   During CUDA-graph capture nothing is timed: an undecided shape takes the unfused
   ops (the runner's warm-up before each capture decides it first).
+* On Hopper and later the kernels are launched with PDL (``pdl``): each starts during the
+  tail of the kernel before it, having read its first weights, and the chooser keeps
+  Triton on a tie (``PDL_MARGIN``), since timing one op back to back cannot see that.
 * Only bf16/fp16 weights on CUDA, rows <= ``MAX_ROWS``: float32 (the HF-equality tests)
   and the CPU keep the plain torch ops, bit for bit as before.
 * On by default on CUDA since 2026-12-01 (verified on an H200): the model calls these

@@ -104,9 +104,12 @@ class PromptBuilder:
         return tokens[: request.input_length]
 
 
-def reusable_block_share(requests: Sequence[TraceRequest]) -> float:
-    """Of all prompt blocks of ``requests``, the share an infinite prefix cache would hit."""
-    seen: set[int] = set()
+def reusable_block_share(
+    requests: Sequence[TraceRequest], history: Sequence[TraceRequest] = ()
+) -> float:
+    """Of all prompt blocks of ``requests``, the share an infinite prefix cache would hit
+    (holding ``history``'s blocks already: the requests replayed before them)."""
+    seen = {hash_id for request in history for hash_id in request.hash_ids}
     total = reusable = 0
     for request in requests:
         for hash_id in request.hash_ids:
@@ -118,11 +121,13 @@ def reusable_block_share(requests: Sequence[TraceRequest]) -> float:
     return reusable / total if total else 0.0
 
 
-def reusable_token_share(requests: Sequence[TraceRequest], engine_block: int) -> float:
+def reusable_token_share(
+    requests: Sequence[TraceRequest], engine_block: int, history: Sequence[TraceRequest] = ()
+) -> float:
     """``reusable_block_share`` in prompt tokens an engine with ``engine_block``-token
     blocks can take from its cache: only its full blocks count, and never the last
     token (an engine must compute at least one token of the prompt)."""
-    seen: set[int] = set()
+    seen = {hash_id for request in history for hash_id in request.hash_ids}
     total = reusable = 0
     for request in requests:
         leading = 0

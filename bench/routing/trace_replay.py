@@ -30,6 +30,11 @@ sequences' KV blocks over all blocks (Dynamo's polynomial; measured here with 1 
 23.5, u = 0.49 gives 26.2). Both mockers make a step last its model time, host work
 included.
 
+``--warm N`` replays the N requests before the slice first, on the same clock and tokens
+(the trace running on into the slice), so the slice meets the caches and the queues its
+earlier turns left; only the slice is measured, and its reusable share counts the blocks
+the warm requests brought.
+
 Reported per target: TTFT mean/p50/p90/p99, ITL, E2E, requests/s, the KV hit rate the
 engines report, and the trace's own reusable share (``trace.reusable_token_share``): the
 hit rate an infinite cache would reach. Ratios are against Dynamo's kv on the same slice.
@@ -70,7 +75,7 @@ from bench.routing.trace import (
     reusable_block_share,
     reusable_token_share,
 )
-from bench.routing.trace_client import replay, summarize
+from bench.routing.trace_client import ReplayResult, replay, summarize
 from bench.routing.trace_systems import (
     DYNAMO_MODEL,
     DYNASK_PLANES,
@@ -91,6 +96,7 @@ SYSTEMS = {
     "endpoints": DYNASK_MODES,
 }
 DEFAULT_TARGETS = "dynask:kv,dynask:approximate,dynask:round-robin,dynamo:kv,dynamo:round-robin"
+Slice = tuple[list[TraceRequest], list[TraceRequest]]  # (warm, measured), in trace order
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -98,6 +104,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--trace", type=Path, default=TRACE)
     parser.add_argument("--slice", default="3000:3200", help="START:STOP of the trace's requests")
     parser.add_argument("--speedup", type=float, default=8.0, help="arrival times divided by this")
+    parser.add_argument(
+        "--warm",
+        type=int,
+        default=0,
+        help="the N requests before the slice are replayed first, unmeasured (default 0)",
+    )
     parser.add_argument("--targets", default=DEFAULT_TARGETS, help="SYSTEM:MODE,...")
     parser.add_argument("--actors", type=int, default=8, help="mocker engines per system")
     parser.add_argument("--workers", type=int, default=2, help="dynask's Dask worker processes")
@@ -146,7 +158,7 @@ def run_phase(
     base_urls: list[str],
     groups: list[int],
     model: str,
-    requests: list[Any],
+    requests: Slice,
     args: argparse.Namespace,
     salt: int,
     extra: dict[str, Any],
@@ -154,27 +166,44 @@ def run_phase(
     """One replay of the slice, sent to ``base_urls`` in turn; with the serving processes'
     CPU seconds it took (the machine is shared: a stack that needs more CPU than it gets
     falls behind its model time, so the CPU each one spends is reported beside its
-    latencies)."""
+    latencies). The warm requests go first on the same clock and tokens, as the trace
+    runs on into the slice; only the slice's are measured (its wall from its first
+    request's due time)."""
+    warm, measured = requests
     asyncio.run(warm_up(base_urls, model, extra, args.actors))
     cpu_before = sum(group_cpu_seconds(group) for group in groups)
     wall, results = asyncio.run(
         replay(
             base_urls,
             model,
-            requests,
+            [*warm, *measured],
             speedup=args.speedup,
             builder=PromptBuilder(salt),
             extra_body=extra,
         )
     )
-    row = summarize(wall, results)
+    row = measured_summary(wall, results, len(warm))
     row["server_cpu_s"] = sum(group_cpu_seconds(group) for group in groups) - cpu_before
+    return row
+
+
+def measured_summary(wall: float, results: list[ReplayResult], warm: int) -> dict[str, Any]:
+    """``summarize`` of the results after the first ``warm`` (the slice's), its wall time
+    from the first of them's due time; the warm ones' count, successes and hit rate."""
+    warm_results, measured = results[:warm], results[warm:]
+    row = summarize(wall - measured[0].scheduled_s, measured)
+    if warm_results:
+        row["warm"] = {
+            "requests": len(warm_results),
+            "requests_ok": sum(r.ok for r in warm_results),
+            "kv_hit_rate": summarize(wall, warm_results)["kv_hit_rate"],
+        }
     return row
 
 
 def run_dynask(
     args: argparse.Namespace,
-    requests: list[Any],
+    requests: Slice,
     server: tuple[dict[str, list[str]], list[int]],
     targets: list[tuple[str, str]],
     rows: list[dict[str, Any]],
@@ -198,7 +227,7 @@ def run_dynask(
         print(format_row(rows[-1]), file=sys.stderr)
 
 
-def run_all(args: argparse.Namespace, requests: list[Any], workdir: Path) -> list[dict[str, Any]]:
+def run_all(args: argparse.Namespace, requests: Slice, workdir: Path) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     dynask_targets = [(s, m) for s, m in args.target_list if s in DYNASK_PLANES]
     external = [(s, m) for s, m in args.target_list if s == "endpoints"]
@@ -317,13 +346,17 @@ def ratios(rows: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    requests = load_trace(args.trace)[parse_slice(args.slice)]
+    trace = load_trace(args.trace)
+    span = parse_slice(args.slice)
+    requests = trace[span]
     if not requests:
         raise SystemExit(f"--slice {args.slice} of {args.trace} holds no request")
+    first = span.start or 0
+    warm = trace[max(0, first - args.warm) : first]
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="trace-replay-") as tmp:
         try:
-            rows = run_all(args, requests, Path(tmp))
+            rows = run_all(args, (warm, requests), Path(tmp))
         except BaseException:
             logs = Path(tempfile.gettempdir()) / "trace_replay_logs"  # kept for a failed run
             with contextlib.suppress(OSError):
@@ -331,8 +364,8 @@ def main(argv: list[str]) -> int:
             print(f"the processes' logs are in {logs}", file=sys.stderr)
             raise
     share = {
-        "blocks_512": reusable_block_share(requests),
-        "tokens_engine_blocks": reusable_token_share(requests, args.block_size),
+        "blocks_512": reusable_block_share(requests, warm),
+        "tokens_engine_blocks": reusable_token_share(requests, args.block_size, warm),
     }
     print(HEADER)
     for row in rows:
@@ -347,6 +380,7 @@ def main(argv: list[str]) -> int:
         "trace": str(args.trace),
         "slice": args.slice,
         "speedup": args.speedup,
+        "warm": len(warm),
         "actors": args.actors,
         "block_size": args.block_size,
         "matched_timing": matched_timing(args.block_size),

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.common.load import RequestRecord
 from bench.routing.trace import (
     TRACE_BLOCK_TOKENS,
     PromptBuilder,
@@ -20,7 +21,8 @@ from bench.routing.trace import (
     reusable_block_share,
     reusable_token_share,
 )
-from bench.routing.trace_client import arrival_offsets, replay, summarize
+from bench.routing.trace_client import ReplayResult, arrival_offsets, replay, summarize
+from bench.routing.trace_replay import measured_summary
 from tests.control_plane.routing_stack import MODEL, cluster_with_actors, serving_stack
 
 
@@ -59,6 +61,33 @@ def test_the_reusable_share_counts_leading_blocks_seen_before() -> None:
     assert reusable_token_share([_request(0, 512, (1,)), _request(1, 512, (1,))], 64) == (
         448 / 1024
     )
+
+
+def test_the_reusable_share_counts_what_the_warm_requests_brought() -> None:
+    warm = [_request(0, 1024, (1, 2))]
+    measured = [_request(10, 1536, (1, 2, 3)), _request(20, 1024, (4, 5))]
+
+    assert reusable_block_share(measured) == 0
+    assert reusable_block_share(measured, warm) == 2 / 5
+    assert reusable_token_share(measured, 64, warm) == 1024 / 2560
+
+
+def test_only_the_slice_after_the_warm_requests_is_measured() -> None:
+    def result(due: float, ttft: float, prompt: int, cached: int) -> ReplayResult:
+        record = RequestRecord(ttft_s=ttft, completion_tokens=2, prompt_tokens=prompt)
+        record.cached_tokens, record.done, record.done_s = cached, True, ttft + 0.1
+        request = _request(int(due * 1000), prompt, (1, 2), out=2)
+        return ReplayResult(request, due, 0.0, record)
+
+    results = [result(0.0, 9.0, 1000, 0), result(2.0, 0.5, 1000, 500), result(4.0, 1.5, 500, 0)]
+
+    row = measured_summary(10.0, results, warm=1)
+
+    assert row["requests"] == 2 and row["wall_s"] == 8.0 and row["req_per_s"] == 2 / 8.0
+    assert row["ttft_ms"]["mean"] == 1000.0  # (500 + 1500) / 2: the warm 9 s is not in it
+    assert row["kv_hit_rate"] == 500 / 1500
+    assert row["warm"] == {"requests": 1, "requests_ok": 1, "kv_hit_rate": 0.0}
+    assert "warm" not in measured_summary(10.0, results, warm=0)
 
 
 def test_arrivals_are_the_trace_times_over_the_speedup(tmp_path: Path) -> None:

@@ -366,12 +366,16 @@ def main(argv: list[str]) -> int:
     share = {
         "blocks_512": reusable_block_share(requests, warm),
         "tokens_engine_blocks": reusable_token_share(requests, args.block_size, warm),
+        # what the slice alone can reuse, as if nothing came before it
+        "tokens_engine_blocks_slice_only": reusable_token_share(requests, args.block_size),
     }
     print(HEADER)
     for row in rows:
         print(format_row(row))
         hit = row["kv_hit_rate"]
         row["hit_rate_of_reusable"] = hit / share["tokens_engine_blocks"] if hit else None
+        alone = share["tokens_engine_blocks_slice_only"]
+        row["hit_rate_of_slice_reusable"] = hit / alone if hit and alone else None
     ttft_ratios = ratios(rows)
     print(f"trace reusable share: {share}; TTFT / dynamo:kv: {json.dumps(ttft_ratios)}")
     document = {

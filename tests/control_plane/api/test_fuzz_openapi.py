@@ -16,6 +16,7 @@ Design decisions:
 from __future__ import annotations
 
 import copy
+import importlib
 import json
 from typing import Any
 
@@ -45,6 +46,10 @@ from dynask.control_plane.api.engines_routes import make_engines_routes
 from dynask.control_plane.api.openapi_document import openapi_document
 from dynask.control_plane.serving.metrics import ServingMetrics
 from dynask.control_plane.serving.service import ServingService
+
+# Likewise body_overrides, which schemathesis imports lazily inside Hypothesis's body
+# generation: that import hit the same error in a full run on 2026-12-04.
+importlib.import_module("schemathesis.generation.body_overrides")
 
 MODEL = "tiny"
 MAX_EXAMPLES = 50

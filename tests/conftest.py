@@ -9,6 +9,10 @@ from typing import Any
 import pytest
 import torch
 
+from tests import ast_parse_lock
+
+ast_parse_lock.install()  # before any test starts a thread (CPython gh-106905)
+
 
 @pytest.fixture(scope="session")
 def smollm2_folder() -> Path:

@@ -16,7 +16,6 @@ Design decisions:
 from __future__ import annotations
 
 import copy
-import importlib
 import json
 from typing import Any
 
@@ -35,10 +34,6 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
-
-# Imported here, at collection, not lazily inside the fixture: pytest rewrites schemathesis'
-# modules (a pytest plugin) as they are imported, and a rewrite deep in a test's stack hit
-# CPython 3.11's "AST constructor recursion depth mismatch".
 from schemathesis.specs.openapi.schemas import OpenApiSchema
 
 from dynask.control_plane.api.app import build_app
@@ -46,10 +41,6 @@ from dynask.control_plane.api.engines_routes import make_engines_routes
 from dynask.control_plane.api.openapi_document import openapi_document
 from dynask.control_plane.serving.metrics import ServingMetrics
 from dynask.control_plane.serving.service import ServingService
-
-# Likewise body_overrides, which schemathesis imports lazily inside Hypothesis's body
-# generation: that import hit the same error in a full run on 2026-12-04.
-importlib.import_module("schemathesis.generation.body_overrides")
 
 MODEL = "tiny"
 MAX_EXAMPLES = 50

@@ -1,0 +1,67 @@
+"""The test process's ``ast.parse`` survives threads parsing at once (CPython gh-106905).
+
+Three threads parse a large module while a fourth makes garbage whose finalizers run
+Python code, so collections inside the AST constructor hand the GIL to another parser —
+the interleaving that raised "AST constructor recursion depth mismatch" on CPython 3.11.7
+without the lock (reproduced in every one of five runs of this workload in ~2 s).
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+import threading
+import time
+from pathlib import Path
+
+from tests import ast_parse_lock
+
+
+class _Finalized:
+    def __init__(self) -> None:
+        self.cycle = self  # collected by the cyclic GC, which runs __del__ mid-allocation
+
+    def __del__(self) -> None:
+        sum(range(200))
+
+
+def test_conftest_installed_the_lock() -> None:
+    assert ast.parse is ast_parse_lock._locked_parse
+    assert ast.literal_eval("[1, {'a': 2}]") == [1, {"a": 2}]  # goes through it too
+
+
+def test_parsing_from_many_threads_never_mismatches() -> None:
+    source = Path(ast.__file__).read_text(encoding="utf-8")
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            for _ in range(50):
+                _Finalized()
+            time.sleep(0)
+
+    def parse() -> None:
+        for _ in range(40):
+            try:
+                tree = ast.parse(source)
+            except SystemError as exc:
+                errors.append(str(exc))
+                return
+            assert isinstance(tree, ast.Module)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        churner = threading.Thread(target=churn)
+        churner.start()
+        parsers = [threading.Thread(target=parse) for _ in range(3)]
+        for thread in parsers:
+            thread.start()
+        for thread in parsers:
+            thread.join()
+        stop.set()
+        churner.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []

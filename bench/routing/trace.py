@@ -12,6 +12,8 @@ Design decisions:
   request and every run, and unequal ids (almost surely) differ in their first token.
   The last block is cut to what ``input_length`` leaves. A ``salt`` gives each measured
   phase its own tokens (the same structure, no hits on another phase's cache).
+- A line with fewer hash ids than its length needs (or none) gets fresh negative ids for
+  the blocks it lacks: unique tokens, as a trace without hash ids means.
 - Token ids avoid the tokenizer's low ids (special tokens live there) and stay below the
   smallest vocabulary of the engines compared (SmolLM2's 49,152).
 - The share of prompt blocks the trace itself can reuse (``reusable_block_share``) is
@@ -21,11 +23,13 @@ Design decisions:
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 TRACE_BLOCK_TOKENS = 512
 TOKEN_RANGE = (1_000, 48_000)  # inside SmolLM2's vocabulary, past its special tokens
@@ -42,7 +46,11 @@ class TraceRequest:
 
     def __post_init__(self) -> None:
         limit = TRACE_BLOCK_TOKENS * len(self.hash_ids)
-        if not 0 < self.input_length <= limit:
+        if self.input_length < 1:
+            raise ValueError(
+                f"TraceRequest input_length has value {self.input_length!r}; expected >= 1"
+            )
+        if self.input_length > limit:
             raise ValueError(
                 f"TraceRequest input_length has value {self.input_length!r}; expected "
                 f"1..{limit} (512 x {len(self.hash_ids)} hash ids)"
@@ -54,21 +62,37 @@ class TraceRequest:
 
 
 def load_trace(path: Path) -> list[TraceRequest]:
-    """Every request of a JSONL trace, in file order."""
+    """Every request of a JSONL trace, in arrival order (file order among equal times).
+
+    A line that names fewer blocks than its ``input_length`` needs (or no ``hash_ids``, as
+    AIPerf's ``mooncake_trace`` allows) gets the blocks it lacks as ids of its own: fresh
+    negative ids that no other request shares, so those tokens are never a prefix hit. A
+    line that cannot be read is refused with its line number.
+    """
+    fresh_ids = itertools.count(-1, -1)
     requests = []
     with path.open() as lines:
-        for line in lines:
-            if line.strip():
-                row = json.loads(line)
-                requests.append(
-                    TraceRequest(
-                        float(row["timestamp"]),
-                        int(row["input_length"]),
-                        int(row["output_length"]),
-                        tuple(int(h) for h in row["hash_ids"]),
-                    )
-                )
-    return requests
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                requests.append(_request_of(json.loads(line), fresh_ids))
+            except (ValueError, TypeError) as exc:
+                raise ValueError(f"{path} line {number}: {exc}") from None
+    return sorted(requests, key=lambda request: request.timestamp_ms)
+
+
+def _request_of(row: Any, fresh_ids: Iterator[int]) -> TraceRequest:
+    if not isinstance(row, dict):
+        raise ValueError(f"expected a JSON object, got {type(row).__name__}")
+    for name in ("timestamp", "input_length", "output_length"):
+        if name not in row:
+            raise ValueError(f"the request has no {name!r}")
+    length = int(row["input_length"])
+    hash_ids = [int(h) for h in row.get("hash_ids") or ()]
+    lacking = -(-length // TRACE_BLOCK_TOKENS) - len(hash_ids)
+    hash_ids += [next(fresh_ids) for _ in range(lacking)]
+    return TraceRequest(float(row["timestamp"]), length, int(row["output_length"]), tuple(hash_ids))
 
 
 def parse_slice(text: str) -> slice:

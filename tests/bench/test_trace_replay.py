@@ -112,6 +112,52 @@ def test_arrivals_are_the_trace_times_over_the_speedup(tmp_path: Path) -> None:
         TraceRequest(0, 1025, 1, (1, 2))
 
 
+def test_lines_without_enough_hash_ids_get_blocks_of_their_own(tmp_path: Path) -> None:
+    path = tmp_path / "trace.jsonl"
+    rows = [
+        {"timestamp": 20, "input_length": 1100, "output_length": 3, "hash_ids": [5]},
+        {"timestamp": 10, "input_length": 600, "output_length": 1, "session_id": "s"},
+        {"timestamp": 20, "input_length": 512, "output_length": 2, "hash_ids": []},
+        {"timestamp": 30, "input_length": 700, "output_length": 2, "hash_ids": [5, 6, 7]},
+    ]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+    trace = load_trace(path)
+
+    # Arrival order, file order among equal times; fresh ids counted down in file order.
+    assert trace == [
+        TraceRequest(10.0, 600, 1, (-3, -4)),
+        TraceRequest(20.0, 1100, 3, (5, -1, -2)),
+        TraceRequest(20.0, 512, 2, (-5,)),
+        TraceRequest(30.0, 700, 2, (5, 6, 7)),
+    ]
+    builder = PromptBuilder()
+    assert builder.prompt(trace[1])[:512] == builder.prompt(trace[3])[:512]
+    assert builder.prompt(trace[1])[512:1024] != builder.prompt(trace[3])[512:1024]
+    assert reusable_block_share(trace) == 1 / 9  # only block 5, in the last request
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"timestamp": 0, "output_length": 2, "hash_ids": [1]}', "line 2: .*'input_length'"),
+        ('{"timestamp": 0, "input_length": 0, "output_length": 2}', "line 2: .*expected >= 1"),
+        ("[1, 2]", "line 2: expected a JSON object, got list"),
+        ('{"timestamp": 0, "input_length": 9, "output_length": 2', "line 2: Expecting"),
+        ('{"timestamp": 0, "input_length": "x", "output_length": 2}', "line 2: invalid literal"),
+    ],
+)
+def test_a_line_that_cannot_be_read_is_refused_with_its_number(
+    tmp_path: Path, line: str, message: str
+) -> None:
+    path = tmp_path / "trace.jsonl"
+    good = '{"timestamp": 0, "input_length": 9, "output_length": 2, "hash_ids": [1]}'
+    path.write_text(good + "\n" + line + "\n")
+
+    with pytest.raises(ValueError, match=message):
+        load_trace(path)
+
+
 @pytest.mark.slow
 def test_a_replay_hits_the_prefixes_its_hash_ids_share(smollm2_folder: Path) -> None:
     trace = [

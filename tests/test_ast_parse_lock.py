@@ -3,7 +3,7 @@
 Three threads parse a large module while a fourth makes garbage whose finalizers run
 Python code, so collections inside the AST constructor hand the GIL to another parser —
 the interleaving that raised "AST constructor recursion depth mismatch" on CPython 3.11.7
-without the lock (reproduced in every one of five runs of this workload in ~2 s).
+without the guard (reproduced in every one of five runs of this workload in ~2 s).
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from tests import ast_parse_lock
 
@@ -26,7 +28,7 @@ class _Finalized:
 
 
 def test_conftest_installed_the_lock() -> None:
-    assert ast.parse is ast_parse_lock._locked_parse
+    assert ast.parse is ast_parse_lock._guarded_parse
     assert ast.literal_eval("[1, {'a': 2}]") == [1, {"a": 2}]  # goes through it too
 
 
@@ -65,3 +67,33 @@ def test_parsing_from_many_threads_never_mismatches() -> None:
     finally:
         sys.setswitchinterval(interval)
     assert errors == []
+
+
+def test_a_mismatched_parse_is_parsed_again() -> None:
+    calls: list[str] = []
+
+    def flaky(source: str) -> ast.Module:
+        calls.append(source)
+        if len(calls) < 3:
+            raise SystemError(f"{ast_parse_lock.MISMATCH} (before=18, after=11)")
+        return ast_parse_lock._UNGUARDED_PARSE(source)
+
+    tree = ast_parse_lock.parse_guarded(flaky, "x = 1")
+
+    assert isinstance(tree, ast.Module) and calls == ["x = 1"] * 3
+
+
+def test_other_errors_and_a_lasting_mismatch_reach_the_caller() -> None:
+    calls: list[str] = []
+
+    def broken(source: str) -> ast.Module:
+        calls.append(source)
+        raise SystemError(ast_parse_lock.MISMATCH if source == "m" else "something else")
+
+    with pytest.raises(SystemError, match="something else"):
+        ast_parse_lock.parse_guarded(broken, "other")
+    with pytest.raises(SystemError, match=ast_parse_lock.MISMATCH):
+        ast_parse_lock.parse_guarded(broken, "m")
+    assert calls == ["other"] + ["m"] * ast_parse_lock.ATTEMPTS
+    with pytest.raises(SyntaxError):
+        ast.parse("1 +")  # the real parser's errors pass through untouched

@@ -2,9 +2,10 @@
 
 CPython 3.11 and 3.12 keep the AST constructor's recursion depth in interpreter-wide state
 and reset it at the start of every ``ast.parse``. When one thread's parse is suspended
-mid-construction (a garbage collection runs a finalizer, the GIL passes) and another thread
-parses, the first one ends with a count that is not the one it started from and raises
-``SystemError: AST constructor recursion depth mismatch`` (python/cpython gh-106905).
+mid-construction by a garbage collection whose finalizer parses (a logged traceback does),
+or whose finalizer lets the GIL pass to another thread that parses, the outer parse ends
+with a count that is not the one it started from and raises ``SystemError: AST constructor
+recursion depth mismatch`` (python/cpython gh-106905).
 
 The test process has such threads: in-process servers and Dask's event loops format
 tracebacks (``traceback`` parses source segments to place its carets), while the test's own
@@ -16,7 +17,8 @@ or ``ast.literal_eval`` now goes through ``_guarded_parse``:
   interleaving impossible between them. A parse waits at most ``LOCK_WAIT_S`` for it and
   then parses unlocked: a thread that holds a logging handler's lock while it formats a
   traceback must not wait forever on a parse whose finalizer logs to that handler.
-- A parse that still ends in that one ``SystemError`` is parsed again (parsing has no
+- A parse that still ends in that one ``SystemError`` (a finalizer parsed inside it, in
+  the same thread: the lock is re-entrant) is parsed again (parsing has no
   side effects), up to ``ATTEMPTS`` times; any other error is the caller's.
 """
 

@@ -133,15 +133,10 @@ def reusable_block_share(
 ) -> float:
     """Of all prompt blocks of ``requests``, the share an infinite prefix cache would hit
     (holding ``history``'s blocks already: the requests replayed before them)."""
-    seen = {hash_id for request in history for hash_id in request.hash_ids}
     total = reusable = 0
-    for request in requests:
-        for hash_id in request.hash_ids:
-            if hash_id not in seen:
-                break
-            reusable += 1
+    for request, leading in _leading_seen_blocks(requests, history):
+        reusable += leading
         total += len(request.hash_ids)
-        seen.update(request.hash_ids)
     return reusable / total if total else 0.0
 
 
@@ -151,16 +146,24 @@ def reusable_token_share(
     """``reusable_block_share`` in prompt tokens an engine with ``engine_block``-token
     blocks can take from its cache: only its full blocks count, and never the last
     token (an engine must compute at least one token of the prompt)."""
-    seen = {hash_id for request in history for hash_id in request.hash_ids}
     total = reusable = 0
+    for request, leading in _leading_seen_blocks(requests, history):
+        tokens = min(leading * TRACE_BLOCK_TOKENS, request.input_length - 1)
+        reusable += tokens // engine_block * engine_block
+        total += request.input_length
+    return reusable / total if total else 0.0
+
+
+def _leading_seen_blocks(
+    requests: Sequence[TraceRequest], history: Sequence[TraceRequest]
+) -> Iterator[tuple[TraceRequest, int]]:
+    """Per request: how many of its leading hash ids ``history`` or an earlier request had."""
+    seen = {hash_id for request in history for hash_id in request.hash_ids}
     for request in requests:
         leading = 0
         for hash_id in request.hash_ids:
             if hash_id not in seen:
                 break
             leading += 1
-        tokens = min(leading * TRACE_BLOCK_TOKENS, request.input_length - 1)
-        reusable += tokens // engine_block * engine_block
-        total += request.input_length
+        yield request, leading
         seen.update(request.hash_ids)
-    return reusable / total if total else 0.0

@@ -138,7 +138,6 @@ def summarize(wall_s: float, results: Sequence[ReplayResult]) -> dict[str, Any]:
             failures[why[:80]] = failures.get(why[:80], 0) + 1
     records = [r.record for r in ok]
     prompt = [r.prompt_tokens for r in records if r.prompt_tokens is not None]
-    cached = [r.cached_tokens for r in records if r.cached_tokens is not None]
     lags = [r.send_lag_s for r in results]
     return {
         "requests": len(results),
@@ -150,12 +149,20 @@ def summarize(wall_s: float, results: Sequence[ReplayResult]) -> dict[str, Any]:
         "ttft_ms": _stats_ms([r.ttft_s for r in records if r.ttft_s is not None]),
         "itl_ms": _stats_ms([g for r in records for g in r.gaps_s]),
         "e2e_ms": _stats_ms([r.done_s for r in records if r.done_s is not None]),
-        "kv_hit_rate": sum(cached) / sum(prompt) if cached and prompt else None,
+        "kv_hit_rate": kv_hit_rate(results),
         "prompt_tokens": sum(prompt),
         "send_lag_ms": {"p50": _stats_ms(lags)["p50"], "max": max(lags, default=0) * 1000},
         # Per request, in trace order: [prompt tokens, cached tokens, TTFT ms] (None: failed).
         "per_request": [_brief(r) for r in results],
     }
+
+
+def kv_hit_rate(results: Sequence[ReplayResult]) -> float | None:
+    """Cached over prompt tokens of the requests served, as their engines reported them."""
+    records = [r.record for r in results if r.ok]
+    prompt = [r.prompt_tokens for r in records if r.prompt_tokens is not None]
+    cached = [r.cached_tokens for r in records if r.cached_tokens is not None]
+    return sum(cached) / sum(prompt) if cached and prompt else None
 
 
 def _brief(result: ReplayResult) -> list[Any] | None:

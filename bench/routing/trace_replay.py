@@ -75,7 +75,7 @@ from bench.routing.trace import (
     reusable_block_share,
     reusable_token_share,
 )
-from bench.routing.trace_client import ReplayResult, replay, summarize
+from bench.routing.trace_client import ReplayResult, kv_hit_rate, replay, summarize
 from bench.routing.trace_systems import (
     DYNAMO_MODEL,
     DYNASK_PLANES,
@@ -196,7 +196,7 @@ def measured_summary(wall: float, results: list[ReplayResult], warm: int) -> dic
         row["warm"] = {
             "requests": len(warm_results),
             "requests_ok": sum(r.ok for r in warm_results),
-            "kv_hit_rate": summarize(wall, warm_results)["kv_hit_rate"],
+            "kv_hit_rate": kv_hit_rate(warm_results),
         }
     return row
 

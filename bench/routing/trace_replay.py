@@ -351,7 +351,7 @@ def main(argv: list[str]) -> int:
     requests = trace[span]
     if not requests:
         raise SystemExit(f"--slice {args.slice} of {args.trace} holds no request")
-    first = span.start or 0
+    first = span.indices(len(trace))[0]  # a negative START counts from the end
     warm = trace[max(0, first - args.warm) : first]
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="trace-replay-") as tmp:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.control_plane.server_process import start, wait_healthy
+from tests.control_plane.server_process import free_ports, start, wait_healthy
 
 BLOCK_SIZE = 32
 START_TIMEOUT_S = 600.0
@@ -52,18 +51,6 @@ class VLLMServer:
             if line.startswith(f"{name}{{") or line.startswith(f"{name} ")
         ]
         return sum(values)
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct free ports (held open together, so none is handed out twice)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def launch(model_folder: Path, log: Path, port: int, kv_port: int) -> VLLMServer:

@@ -3,7 +3,6 @@ with blocking clients (httpx, the openai SDK)."""
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -12,13 +11,13 @@ from contextlib import contextmanager
 import uvicorn
 from starlette.types import ASGIApp
 
+from tests.control_plane.server_process import free_port
+
 
 @contextmanager
 def served_in_thread(app: ASGIApp) -> Iterator[str]:
     """Serves ``app`` on a free loopback port; yields ``http://127.0.0.1:PORT``."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -61,6 +61,21 @@ class KVCacheEngine(Protocol):
         """The whole prefix cache as of ``kv_events.last_event_id`` (safe from any thread)."""
 
 
+PrefillListener = Callable[[dict[str, int]], None]
+"""Gets ``{request id: prompt tokens still to compute}`` after a step that advanced those
+prompts' prefill without finishing it."""
+
+
+@runtime_checkable
+class PrefillProgressEngine(Protocol):
+    """An engine that says how far its long prompts' chunked prefill has got: the router
+    counts an actor's queued prefill, and a prompt halfway through is half the work."""
+
+    def add_prefill_listener(self, listener: PrefillListener) -> None:
+        """``listener`` is called on the engine thread after each step that advanced a
+        prompt's prefill without finishing it (the first delta says when it is over)."""
+
+
 @runtime_checkable
 class ForwardingEngine(Protocol):
     """An engine that forwards to a server it does not own (``out=openai``)."""

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import torch
 
 from dynask.actors.api.engine_inputs import AbortRequest, check_prompt
+from dynask.actors.api.engine_protocol import PrefillListener
 from dynask.actors.api.outputs import FinishReason, RequestOutput
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.api.stats import EngineStats
@@ -84,6 +85,7 @@ class LLMEngine:
         )
         self._inbox: queue.SimpleQueue[Sequence | AbortRequest] = queue.SimpleQueue()
         self._fanout = OutputFanout()
+        self._prefill_listeners: list[PrefillListener] = []
         self._sequences: dict[str, Sequence] = {}
         self._step_lock = threading.Lock()
         self._wakeup = threading.Event()
@@ -144,6 +146,11 @@ class LLMEngine:
     def add_output_listener(self, listener: OutputListener) -> None:
         """Calls ``listener`` on the engine thread with every step's outputs (one call/step)."""
         self._fanout.add_listener(listener)
+
+    def add_prefill_listener(self, listener: PrefillListener) -> None:
+        """Calls ``listener`` on the engine thread after each step that advanced prompts'
+        prefill without finishing it (``PrefillProgressEngine``)."""
+        self._prefill_listeners.append(listener)
 
     def apply_chat_template(self, messages: list[dict[str, Any]]) -> list[int]:
         """Token ids of a chat, with the model's template and the assistant prompt."""
@@ -395,6 +402,11 @@ class LLMEngine:
         )
 
     def _publish(self, outputs: list[RequestOutput]) -> None:
+        progress = self.scheduler.prefill_progress
+        if progress:
+            self.scheduler.prefill_progress = {}
+            for listener in self._prefill_listeners:
+                listener(progress)
         self._fanout.publish(outputs)
 
     def _fail_in_flight(self) -> None:

@@ -7,6 +7,10 @@ preempted by recompute (its blocks are freed; its full blocks stay in the prefix
 the recompute is often a cache hit). Waiting sequences are admitted while budget, blocks
 and ``max_num_seqs`` allow, each starting after its longest cached prefix.
 
+A prompt whose prefill a step advanced without finishing is noted in
+``prefill_progress`` with the tokens it still has to compute: the router counts an
+actor's queued prefill, and a long prompt halfway through is half the work it was.
+
 Chunked prefill under decode load: with ``max_prefill_tokens_with_decodes`` set, a step
 that has decode rows gives prefill chunks (running ones and new admissions together) at
 most that many tokens, so a long prompt arriving does not stretch every running stream's
@@ -104,6 +108,9 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.prefix_counters = PrefixCacheCounters()
         self.num_preemptions = 0
+        # Request id -> prompt tokens still to compute, for the prompts a step advanced
+        # without finishing (the engine hands them on: ``LLMEngine.add_prefill_listener``).
+        self.prefill_progress: dict[str, int] = {}
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -190,8 +197,11 @@ class Scheduler:
         behind it on the stream, and the step's sequences hold them until ``postprocess``.
         """
         for chunk in out.chunks:
-            chunk.seq.num_computed_tokens += chunk.num_new_tokens
-            self.kv.cache_full_blocks(chunk.seq)
+            seq = chunk.seq
+            seq.num_computed_tokens += chunk.num_new_tokens
+            self.kv.cache_full_blocks(seq)
+            if not seq.output_token_ids and seq.num_pending_tokens > 0:
+                self.prefill_progress[seq.request_id] = seq.num_pending_tokens
 
     def postprocess(self, out: SchedulerOutput, sampled: list[int | None]) -> list[Sequence]:
         """Applies a step's results; returns the sequences that received a token."""

@@ -25,7 +25,12 @@ from pathlib import Path
 from typing import Any, ParamSpec
 
 from dynask.actors.api.actor_info import ActorInfo
-from dynask.actors.api.engine_protocol import Engine, ForwardingEngine, KVCacheEngine
+from dynask.actors.api.engine_protocol import (
+    Engine,
+    ForwardingEngine,
+    KVCacheEngine,
+    PrefillProgressEngine,
+)
 from dynask.actors.api.outputs import RequestOutput
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.runtime.engine_factory import TORCH_KINDS, EngineSpec, build_engine
@@ -87,6 +92,8 @@ class EngineActor(KVTransferMethods):
         has_kv_cache = isinstance(engine, KVCacheEngine)
         if has_kv_cache:
             stream.watch_kv_events(engine.kv_events)
+        if isinstance(engine, PrefillProgressEngine):
+            engine.add_prefill_listener(stream.publish_prefill)
         if isinstance(engine, ForwardingEngine):
             engine.add_lost_listener(_weakly(self._engine_lost))
         engine.start()

@@ -32,6 +32,12 @@ per submission call, written on the actor's loop before any delta of the request
 be. The request's first delta (its prefill is over) and its final one (it ended, an
 abort included) are the ``"out"`` frames every reader already gets: nothing more is
 sent per token. With one reader (its owner) nothing is sent at all.
+
+Kind ``"prefill"`` carries ``{request id: prompt tokens still to compute}`` after an
+engine step that advanced long prompts' chunked prefill without finishing it
+(``PrefillProgressEngine``): the control planes count an actor's queued prefill, and
+without it a prompt counts whole until its first delta. A reader that does not know the
+kind skips the frame.
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ KIND_OUTPUTS = "out"
 KIND_KV_EVENTS = "kv"
 KIND_HELLO = "hello"
 KIND_ROUTED = "routed"
+KIND_PREFILL = "prefill"
 
 
 def encode_frame(kind: str, payload: Any) -> bytes:
@@ -266,6 +273,11 @@ class TokenStreamServer:
         """Engine-thread entry point: one frame for the whole step."""
         frame = encode_frame(KIND_OUTPUTS, [encode_output(o) for o in outputs])
         self._loop.call_soon_threadsafe(self._write, frame)
+
+    def publish_prefill(self, progress: dict[str, int]) -> None:
+        """Engine-thread entry point: one ``"prefill"`` frame for a step's progress."""
+        if self._writers:
+            self._loop.call_soon_threadsafe(self._write, encode_frame(KIND_PREFILL, progress))
 
     def publish_routed(self, records: list[dict[str, Any]]) -> None:
         """Event-loop entry point: one ``"routed"`` frame for the requests one submission

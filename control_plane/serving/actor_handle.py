@@ -32,6 +32,7 @@ from dynask.actors.runtime.token_stream import (
     KIND_HELLO,
     KIND_KV_EVENTS,
     KIND_OUTPUTS,
+    KIND_PREFILL,
     KIND_ROUTED,
     decode_output,
     encode_frame,
@@ -127,6 +128,8 @@ class ActorHandle:
                     self.listener.on_kv_events(payload)
                 elif kind == KIND_ROUTED:
                     self._peer_routed(payload)
+                elif kind == KIND_PREFILL:
+                    self._prefill_progress(payload)
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
             log.warning("token stream of %s closed: %s", self.name, exc)
         finally:
@@ -140,6 +143,21 @@ class ActorHandle:
             self.peer_load.advance(output.request_id, len(output.token_ids))
             if output.finished:
                 self.peer_load.release(output.request_id)
+
+    def _prefill_progress(self, payload: Any) -> None:
+        """Counts down the prefill of the requests the engine advanced (``ActorLoad.
+        progress``), this control plane's and its peers'. A bad frame is logged and
+        skipped; the stream goes on."""
+        if not isinstance(payload, dict):
+            log.error("engine actor %s sent a prefill frame that is not a map; skipped", self.name)
+            return
+        for request_id, pending in payload.items():
+            if isinstance(pending, bool) or not isinstance(pending, int):
+                continue
+            if request_id in self.load:
+                self.load.progress(request_id, pending)
+            else:
+                self.peer_load.progress(request_id, pending)
 
     def _peer_routed(self, payload: Any) -> None:
         """Counts the requests other control planes routed here, when someone follows

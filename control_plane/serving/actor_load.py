@@ -12,6 +12,12 @@ Design decisions:
   the actor to hold. Then it is *decoding* and counts every block it occupies, prompt
   and generated tokens, growing as tokens arrive. Both sums are kept up to date in O(1)
   per event, so building a candidate costs nothing.
+- An engine that reports its prefill progress (``token_stream``'s ``"prefill"`` frames)
+  replaces a prefilling request's count with the blocks it still has to compute
+  (``progress``): a long prompt's chunked prefill is counted down as it goes instead of
+  whole until its first token, so the router stops steering new prompts away from an
+  actor about to be free. The engine's count wins over the router's expectation both
+  ways (a prefix it expected may have been evicted meanwhile).
 - Prefilling requests are the actor's queue (``waiting``): they wait for their first
   token, in the engine's waiting queue or in a prefill chunk. Overload shedding
   compares it with ``--max-queue``.
@@ -70,6 +76,16 @@ class ActorLoad:
         before = self._blocks(request.tokens)
         request.tokens += new_tokens
         self.decode_blocks += self._blocks(request.tokens) - before
+
+    def progress(self, request_id: str, pending_tokens: int) -> None:
+        """The engine says the request has ``pending_tokens`` of its prompt left to
+        compute; a no-op unless it is counted here and still prefilling."""
+        request = self._requests.get(request_id)
+        if request is None or request.decoding:
+            return
+        blocks = self._blocks(max(0, pending_tokens))
+        self.prefill_blocks += blocks - request.prefill_blocks
+        request.prefill_blocks = blocks
 
     def release(self, request_id: str) -> None:
         """The request ended (or never started); a no-op if it is not counted."""

@@ -184,3 +184,23 @@ def test_a_block_of_prompt_and_output_tokens_hashes_as_one_sequence() -> None:
     expected = [pair.sequence for pair in block_hashes([*range(1000, 1006), 42, 42], 4)]
     assert a.block_hashes == expected
     assert a.hashed_blocks == expected
+
+
+def test_a_prompt_prefilled_in_chunks_reports_what_it_has_left() -> None:
+    scheduler = _scheduler(16, max_num_batched_tokens=6, max_model_len=64)
+    a, b = _seq("a", 15), _seq("b", 4)
+    scheduler.add(a)
+    scheduler.add(b)
+
+    assert _plan(scheduler) == [("a", 6)]
+    assert scheduler.prefill_progress == {"a": 9}
+    scheduler.prefill_progress = {}  # the engine hands it on after each step
+    assert _plan(scheduler) == [("a", 6)]
+    assert scheduler.prefill_progress == {"a": 3}
+    scheduler.prefill_progress = {}
+    # a's prefill ends (its first token says so); b starts and ends in the same step.
+    assert _plan(scheduler) == [("a", 3), ("b", 3)]
+    assert scheduler.prefill_progress == {"b": 1}
+    scheduler.prefill_progress = {}
+    assert _plan(scheduler) == [("a", 1), ("b", 1)]
+    assert scheduler.prefill_progress == {}  # decodes report nothing

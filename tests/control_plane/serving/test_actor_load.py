@@ -37,3 +37,23 @@ def test_a_cached_prompt_still_counts_nothing_negative_and_ids_are_unique() -> N
         load.admit("r1", prompt_tokens=8)
     with pytest.raises(ValueError, match="ActorLoad block_size has value 0; expected an int >= 1"):
         ActorLoad(block_size=0)
+
+
+def test_the_engines_prefill_progress_replaces_a_prefilling_requests_count() -> None:
+    load = ActorLoad(block_size=16)
+    load.admit("long", prompt_tokens=1000)  # 63 blocks to compute
+    load.admit("hit", prompt_tokens=100, cached_tokens=96)  # 1 block expected
+    assert terms(load) == (64, 0, 2, 2)
+
+    load.progress("long", pending_tokens=488)  # a 512-token chunk done: 31 blocks left
+    assert terms(load) == (32, 0, 2, 2)
+    load.progress("hit", pending_tokens=100)  # its prefix was gone after all: 7 blocks
+    assert terms(load) == (38, 0, 2, 2)
+    load.progress("gone", pending_tokens=5)  # not counted here: nothing changes
+    load.advance("long", new_tokens=1)  # decoding: 1001 tokens, 63 blocks
+    load.progress("long", pending_tokens=0)  # a late report for a decoding one: ignored
+    assert terms(load) == (7, 63, 1, 2)
+
+    load.release("hit")
+    load.release("long")
+    assert terms(load) == (0, 0, 0, 0)

@@ -14,10 +14,14 @@ Design decisions:
   ``simulated_step_ms``. Host time is not modelled.
 - The router sees what the control plane sees: its own accounting of the load
   (``ActorLoad``: a request is prefilling its uncached blocks until its first token,
-  then decoding all its blocks) and the engines' caches through KV events that arrive
-  ``event_delay_ms`` after the step that stored the blocks; in mode ``kv`` a routed
-  prompt's blocks count as held by its actor until then (the predicted blocks).
-  ``approximate`` reads only where prompts were routed.
+  then decoding all its blocks) and the engines' caches through KV events (blocks
+  stored and evicted) that arrive ``event_delay_ms`` after their step; in mode ``kv``
+  a routed prompt's blocks count as held by its actor until then (the predicted blocks).
+  ``approximate`` reads only where prompts were routed. After a step that advanced a
+  prompt's prefill without finishing it the engine reports what is left of it (the
+  ``"prefill"`` frames, ``ActorLoad.progress``), ``event_delay_ms`` later too
+  (``prefill_progress=False``, ``--no-prefill-progress``: counted whole until the first
+  token, as before).
 - Deterministic: ties are broken by the router's seeded random, nothing else is random.
 
     .venv/bin/python -m bench.routing.router_sim --slices 3000:3150,3300:3450 --speedups 2,3,4
@@ -83,8 +87,11 @@ class Simulation:
         policy: Policy,
         event_delay_ms: float = 20.0,
         engine_order: str = "fcfs",
+        warm: int = 0,
+        config: MockerConfig | None = None,
+        prefill_progress: bool = True,
     ) -> None:
-        self.config = MockerConfig(**matched_timing(64))
+        self.config = config or MockerConfig(**matched_timing(64))
         self.engines = [SimEngine(f"actor-{i}", self.config, engine_order) for i in range(actors)]
         self.views = [RouterView() for _ in range(actors)]
         self.policy = policy
@@ -101,6 +108,8 @@ class Simulation:
             for i, r in enumerate(requests)
         ]
         self.requests = list(requests)
+        self.warm = warm  # the first ``warm`` requests run but are not measured
+        self.prefill_progress = prefill_progress
         self.now_ms = 0.0
         self._events: list[tuple[float, int, str, int, object]] = []
         self._order = 0
@@ -120,9 +129,22 @@ class Simulation:
             elif kind == "step_end":
                 self._step_end(engine, payload)  # type: ignore[arg-type]
             elif kind == "kv_events":
-                self.views[engine].known.update(payload)  # type: ignore[arg-type]
-                self.views[engine].predicted.difference_update(payload)  # type: ignore[arg-type]
+                self._kv_events(engine, *payload)  # type: ignore[misc]
+            elif kind == "prefill":
+                self._prefill_reported(engine, payload)  # type: ignore[arg-type]
         return self.summary()
+
+    def _prefill_reported(self, engine: int, progress: dict[int, int]) -> None:
+        prefill_blocks = self.views[engine].prefill_blocks
+        for index, pending in progress.items():
+            if index in prefill_blocks:
+                prefill_blocks[index] = -(-pending // self.config.block_size)
+
+    def _kv_events(self, engine: int, stored: list[BlockKey], removed: list[BlockKey]) -> None:
+        view = self.views[engine]
+        view.known.difference_update(removed)
+        view.known.update(stored)
+        view.predicted.difference_update(stored)
 
     def _arrive(self, seq: SimSequence) -> None:
         choice = self.policy(self, seq)
@@ -138,11 +160,14 @@ class Simulation:
 
     def _start_step(self, index: int) -> None:
         engine = self.engines[index]
-        end, chunks, stored = engine.step(self.now_ms)
+        end, chunks, stored, removed = engine.step(self.now_ms)
         engine.busy_until = end
         self._push(end, "step_end", index, chunks)
-        if stored:
-            self._push(end + self.event_delay_ms, "kv_events", index, stored)
+        if stored or removed:
+            self._push(end + self.event_delay_ms, "kv_events", index, (stored, removed))
+        progress = {seq.index: seq.pending_tokens() for seq, _ in chunks if seq.prefilling()}
+        if progress and self.prefill_progress:
+            self._push(end + self.event_delay_ms, "prefill", index, progress)
 
     def _step_end(self, index: int, chunks: list[tuple[SimSequence, int]]) -> None:
         engine, view = self.engines[index], self.views[index]
@@ -179,10 +204,11 @@ class Simulation:
         return out
 
     def summary(self) -> dict[str, float]:
-        ttfts = sorted(s.first_token_ms - s.arrival_ms for s in self.sequences)  # type: ignore[operator]
-        prompt = sum(s.prompt_tokens for s in self.sequences)
-        hit = sum(s.cached_tokens for s in self.sequences) / prompt
-        reusable = reusable_token_share(self.requests, self.config.block_size)
+        measured = self.sequences[self.warm :]
+        ttfts = sorted(s.first_token_ms - s.arrival_ms for s in measured)  # type: ignore[operator]
+        prompt = sum(s.prompt_tokens for s in measured)
+        hit = sum(s.cached_tokens for s in measured) / prompt
+        reusable = reusable_token_share(self.requests[self.warm :], self.config.block_size)
         return {
             "ttft_mean": statistics.fmean(ttfts),
             "ttft_p50": ttfts[len(ttfts) // 2],
@@ -200,9 +226,13 @@ class RouterQueueSimulation(Simulation):
     engines run their queues first come, first served."""
 
     def __init__(
-        self, *args: object, threshold_blocks: int = 64, max_wait_ms: float | None = None
+        self,
+        *args: Any,
+        threshold_blocks: int = 64,
+        max_wait_ms: float | None = None,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(*args)  # type: ignore[arg-type]
+        super().__init__(*args, **kwargs)
         self.threshold_blocks = threshold_blocks
         self.max_wait_ms = max_wait_ms
         self.held: list[SimSequence] = []
@@ -258,6 +288,11 @@ POLICIES: dict[str, Callable[[], Policy]] = {
 }
 
 
+# Policies of ours: their engines report prefill progress. Dynamo's router counts a
+# prompt whole until its first token, and round-robin reads no load.
+OURS = frozenset({"kv", "approximate", "least-loaded"})
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", type=Path, default=TRACE)
@@ -278,15 +313,38 @@ def main(argv: list[str] | None = None) -> None:
         help="ORDER,...: also run kv with engines that order their prefills so "
         "(sim_engine.EngineOrder: srpt, short:TOKENS, cap:TOKENS; an experiment)",
     )
+    parser.add_argument(
+        "--warm",
+        type=int,
+        default=0,
+        help="run the N requests before each slice first, unmeasured (trace_replay --warm)",
+    )
+    parser.add_argument(
+        "--no-prefill-progress",
+        action="store_true",
+        help="the router counts a prompt's prefill whole until its first token",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     trace = load_trace(args.trace)
     rows = []
     for text in args.slices.split(","):
-        requests = trace[parse_slice(text)]
+        start, stop, _ = parse_slice(text).indices(len(trace))
+        warm = min(start, args.warm)
+        requests = trace[start - warm : stop]
+        options = {"warm": warm, "prefill_progress": not args.no_prefill_progress}
+
+        def options_for(name: str, options: dict[str, Any] = options) -> dict[str, Any]:
+            return {**options, "prefill_progress": options["prefill_progress"] and name in OURS}
+
         for speedup in (float(s) for s in args.speedups.split(",")):
             runs = [
-                (name, Simulation(requests, speedup, args.actors, POLICIES[name]()))
+                (
+                    name,
+                    Simulation(
+                        requests, speedup, args.actors, POLICIES[name](), **options_for(name)
+                    ),
+                )
                 for name in args.policies.split(",")
             ]
             for setting in filter(None, args.router_queue.split(",")):
@@ -298,11 +356,12 @@ def main(argv: list[str] | None = None) -> None:
                     POLICIES["kv"](),
                     threshold_blocks=int(threshold),
                     max_wait_ms=float(wait) if wait else None,
+                    **options,
                 )
                 runs.append((f"kv+queue {setting}", queued))
             for order in filter(None, args.engine_orders.split(",")):
                 reordered = Simulation(
-                    requests, speedup, args.actors, POLICIES["kv"](), engine_order=order
+                    requests, speedup, args.actors, POLICIES["kv"](), engine_order=order, **options
                 )
                 runs.append((f"kv, engines {order}", reordered))
             for name, simulation in runs:

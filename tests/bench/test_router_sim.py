@@ -3,6 +3,9 @@ the router's choices inside the simulation (the product's cost against Dynamo's)
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import pytest
 
 from bench.routing.router_sim import POLICIES, RouterQueueSimulation, Simulation
@@ -32,8 +35,8 @@ def test_a_prompt_prefills_in_chunks_of_the_step_budget_and_its_blocks_are_cache
     seq = SimSequence(0, 0.0, 10_000, 2, keys)
     engine.waiting.append(seq)
 
-    first_end, _, first_stored = engine.step(0.0)
-    second_end, _, second_stored = engine.step(first_end)
+    first_end, _, first_stored, _ = engine.step(0.0)
+    second_end, _, second_stored, _ = engine.step(first_end)
 
     assert first_end == pytest.approx(_prefill_ms(8192))
     assert second_end == pytest.approx(_prefill_ms(8192) + _prefill_ms(1808))
@@ -45,7 +48,7 @@ def test_a_later_prompt_starts_after_the_prefix_the_engine_holds() -> None:
     engine = SimEngine("actor-0", CONFIG)
     first = SimSequence(0, 0.0, 1024, 1, block_keys(TraceRequest(0.0, 1024, 1, (1, 2)), 64))
     engine.waiting.append(first)
-    end, _, _ = engine.step(0.0)
+    end, _, _, _ = engine.step(0.0)
     second = SimSequence(1, end, 1100, 1, block_keys(TraceRequest(0.0, 1100, 1, (1, 2, 3)), 64))
     engine.waiting.append(second)
 
@@ -115,7 +118,7 @@ def test_an_engine_order_decides_whose_prefill_a_step_takes(order: str, grants: 
     long, short = _prompt(0, 20_000, 0), _prompt(1, 1000, 100)
     engine.waiting.extend([long, short])
 
-    _, chunks, _ = engine.step(2.0)
+    _, chunks, _, _ = engine.step(2.0)
 
     assert [tokens for _, tokens in chunks] == grants
 
@@ -123,3 +126,118 @@ def test_an_engine_order_decides_whose_prefill_a_step_takes(order: str, grants: 
 def test_an_unknown_engine_order_is_refused() -> None:
     with pytest.raises(ValueError, match="short:TOKENS"):
         SimEngine("actor-0", CONFIG, "short")
+
+
+SMALL = dataclasses.replace(CONFIG, num_kv_blocks=6)  # 6 blocks of 64 tokens
+
+
+def _run_to_end(engine: SimEngine, now: float = 0.0) -> tuple[float, list, list]:
+    """Steps ``engine`` until it is idle; returns the end and every block stored/evicted."""
+    stored: list = []
+    removed: list = []
+    while engine.waiting or engine.running:
+        now, _, new, gone = engine.step(now)
+        stored += new
+        removed += gone
+    return now, stored, removed
+
+
+def test_a_finished_prompts_blocks_are_evicted_tail_first() -> None:
+    engine = SimEngine("actor-0", SMALL)
+    first = SimSequence(0, 0.0, 256, 1, block_keys(TraceRequest(0.0, 256, 1, (1,)), 64))
+    engine.waiting.append(first)
+    end, stored, _ = _run_to_end(engine)
+    assert stored == [(1, 0), (1, 1), (1, 2), (1, 3)]
+    # 2 plain blocks left; a 4-block prompt needs 2 of the cached ones: the tail goes.
+    other = SimSequence(1, end, 256, 1, block_keys(TraceRequest(0.0, 256, 1, (2,)), 64))
+    engine.waiting.append(other)
+
+    _, _, _, removed = engine.step(end)
+
+    assert removed == [(1, 3), (1, 2)]
+    assert engine.cached_prefix_blocks(first) == 2  # its first two blocks still hit
+
+
+def test_blocks_a_running_sequence_holds_are_never_evicted_a_newcomer_waits() -> None:
+    engine = SimEngine("actor-0", SMALL)
+    # 320 tokens and 2 outputs: 5 prompt blocks, then decoding, all 6 blocks in the end.
+    long = SimSequence(0, 0.0, 320, 3, block_keys(TraceRequest(0.0, 320, 3, (1,)), 64))
+    late = SimSequence(1, 0.0, 128, 1, block_keys(TraceRequest(0.0, 128, 1, (2,)), 64))
+    engine.waiting.extend([long, late])
+
+    _, chunks, _, _ = engine.step(0.0)  # long takes 5 blocks; late needs 2, 1 is free
+
+    assert [(seq.index, tokens) for seq, tokens in chunks] == [(0, 320)]
+    assert list(engine.waiting) == [late]
+    _run_to_end(engine)
+    assert late.first_token_ms is not None and engine.preemptions == 0
+
+
+def test_a_running_sequence_without_room_preempts_the_last_admitted() -> None:
+    engine = SimEngine("actor-0", dataclasses.replace(SMALL, num_kv_blocks=4))
+    # Each takes 2 blocks for its 128-token prompt; decoding needs a third block each.
+    seqs = [
+        SimSequence(i, 0.0, 128, 3, block_keys(TraceRequest(0.0, 128, 3, (10 + i,)), 64))
+        for i in range(2)
+    ]
+    engine.waiting.extend(seqs)
+    now, _, _, _ = engine.step(0.0)  # both prefill: 4 blocks, none left
+
+    _, chunks, _, _ = engine.step(now)  # seq 0's decode needs a block: seq 1 goes back
+
+    assert [(seq.index, tokens) for seq, tokens in chunks] == [(0, 1)]
+    assert engine.preemptions == 1 and list(engine.waiting) == [seqs[1]]
+    assert seqs[1].computed == 0 and seqs[1].prefill_target() == 128  # its prompt again
+    _run_to_end(engine)
+    assert seqs[1].cached_tokens == 0  # counted at its first admission only
+    assert all(seq.generated == 3 for seq in seqs)
+
+
+def test_the_router_forgets_blocks_the_events_say_were_evicted() -> None:
+    # One actor with 6 blocks: r0's 4 blocks are cached, r1 (unrelated, 4 blocks) evicts
+    # two of them; the router's view keeps the events' picture.
+    trace = [
+        TraceRequest(0.0, 256, 1, (1,)),
+        TraceRequest(1000.0, 256, 1, (2,)),
+    ]
+    simulation = Simulation(trace, 1.0, 1, POLICIES["kv"](), event_delay_ms=0.0, config=SMALL)
+
+    simulation.run()
+
+    assert simulation.views[0].known == {(1, 0), (1, 1), (2, 0), (2, 1), (2, 2), (2, 3)}
+    assert simulation.views[0].known == simulation.engines[0].cache
+
+
+def test_warm_requests_run_but_only_the_slice_is_measured() -> None:
+    trace = [TraceRequest(0.0, 1024, 1, (1, 2)), TraceRequest(5000.0, 1100, 1, (1, 2, 3))]
+    cold = Simulation(trace[1:], 1.0, 1, POLICIES["kv"]())
+    warm = Simulation(trace, 1.0, 1, POLICIES["kv"](), warm=1)
+
+    cold_result, warm_result = cold.run(), warm.run()
+
+    assert cold_result["hit"] == 0.0
+    assert warm_result["hit"] == pytest.approx(1024 / 1100)
+    assert warm_result["ttft_mean"] == pytest.approx(_prefill_ms(76))
+
+
+class _Recording(Simulation):
+    """Keeps the router's view of actor-0's queued prefill after each progress report."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen: list[dict[int, int]] = []
+
+    def _prefill_reported(self, engine: int, progress: dict[int, int]) -> None:
+        super()._prefill_reported(engine, progress)
+        self.seen.append(dict(self.views[engine].prefill_blocks))
+
+
+@pytest.mark.parametrize("reported", [True, False])
+def test_the_router_counts_down_a_long_prefill_as_the_engine_reports_it(reported: bool) -> None:
+    trace = [TraceRequest(0.0, 20_000, 2, tuple(range(40)))]  # 313 blocks, 3 chunks
+    simulation = _Recording(trace, 1.0, 1, POLICIES["kv"](), prefill_progress=reported)
+
+    simulation.run()
+
+    # 20,000 - 8,192 = 11,808 tokens left (185 blocks), then 3,616 (57).
+    assert simulation.seen == ([{0: 185}, {0: 57}] if reported else [])

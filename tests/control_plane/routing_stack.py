@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -78,6 +79,15 @@ def tokens(seed: int, blocks: int, extra: int = 0) -> list[int]:
     """``blocks`` full blocks of random token ids (plus ``extra`` tokens), fixed by ``seed``."""
     rng = random.Random(seed)
     return [rng.randrange(100, 40_000) for _ in range(blocks * BLOCK + extra)]
+
+
+async def until(done: Any, what: str, timeout_s: float = 10.0) -> None:
+    """Polls ``done()`` every 5 ms; fails naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.005)
 
 
 def overlaps(decision: dict[str, Any]) -> dict[str, int]:

@@ -7,13 +7,11 @@ first token."""
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.control_plane.routing_stack import cluster_with_actors, serving_stack, tokens
+from tests.control_plane.routing_stack import cluster_with_actors, serving_stack, tokens, until
 
 CHUNKED = {
     "speedup_ratio": 1.0,
@@ -21,14 +19,6 @@ CHUNKED = {
     "max_num_batched_tokens": 64,
     "prefill_ms_base": 300.0,
 }
-
-
-async def _until(done: Any, what: str, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.005)
 
 
 @pytest.mark.slow  # ~15 s: a cluster, an engine, 1.2 s of prefill
@@ -41,7 +31,7 @@ def test_a_long_prefill_is_counted_down_chunk_by_chunk(smollm2_folder: Path) -> 
             [handle] = stack.handles
             seen: list[int] = []
             request = asyncio.create_task(stack.complete(tokens(7, blocks=16), max_tokens=2))
-            await _until(lambda: handle.load.waiting == 1, "the request to be routed")
+            await until(lambda: handle.load.waiting == 1, "the request to be routed")
             while handle.load.waiting:
                 if not seen or seen[-1] != handle.load.prefill_blocks:
                     seen.append(handle.load.prefill_blocks)

@@ -19,7 +19,6 @@ import asyncio
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -31,7 +30,13 @@ from tests.control_plane.routing.replica_script import (
     RelayingActors,
     canonical,
 )
-from tests.control_plane.routing_stack import MODEL, Stack, cluster_with_actors, serving_stack
+from tests.control_plane.routing_stack import (
+    MODEL,
+    Stack,
+    cluster_with_actors,
+    serving_stack,
+    until,
+)
 
 ACTORS = ("mock-0", "mock-1", "mock-2")
 STALL_MS = 4000.0  # every prefill step's model time: far longer than routing the sequence
@@ -46,14 +51,6 @@ async def _stream(stack: Stack, prompt: list[int]) -> None:
         pass
 
 
-async def _until(done: Any, what: str, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.005)
-
-
 async def _route_in_turn(
     planes: Sequence[Stack], tasks: list[asyncio.Task[None]]
 ) -> list[RoutingDecision]:
@@ -65,12 +62,12 @@ async def _route_in_turn(
         log = plane.routing.decisions
         before = len(log)
         tasks.append(asyncio.create_task(_stream(plane, prompt)))
-        await _until(lambda: len(log) > before, f"request {number} to be routed")  # noqa: B023
+        await until(lambda: len(log) > before, f"request {number} to be routed")  # noqa: B023
         [decision] = log.recent(1)
         for other in planes:
             if other is not plane:
                 seen = other.handle(decision.winner).peer_load
-                await _until(lambda: decision.request_id in seen, "the peer to hear it")  # noqa: B023
+                await until(lambda: decision.request_id in seen, "the peer to hear it")  # noqa: B023
         decisions.append(decision)
     return decisions
 

@@ -402,9 +402,8 @@ class LLMEngine:
         )
 
     def _publish(self, outputs: list[RequestOutput]) -> None:
-        progress = self.scheduler.prefill_progress
+        progress = self.scheduler.take_prefill_progress()
         if progress:
-            self.scheduler.prefill_progress = {}
             for listener in self._prefill_listeners:
                 listener(progress)
         self._fanout.publish(outputs)

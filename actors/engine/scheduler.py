@@ -108,8 +108,8 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.prefix_counters = PrefixCacheCounters()
         self.num_preemptions = 0
-        # Request id -> prompt tokens still to compute, for the prompts a step advanced
-        # without finishing (the engine hands them on: ``LLMEngine.add_prefill_listener``).
+        # Request id -> prompt tokens still to compute, for the prompts the steps since the
+        # last ``take_prefill_progress`` advanced without finishing.
         self.prefill_progress: dict[str, int] = {}
 
     def add(self, seq: Sequence) -> None:
@@ -202,6 +202,11 @@ class Scheduler:
             self.kv.cache_full_blocks(seq)
             if not seq.output_token_ids and seq.num_pending_tokens > 0:
                 self.prefill_progress[seq.request_id] = seq.num_pending_tokens
+
+    def take_prefill_progress(self) -> dict[str, int]:
+        """The progress noted since the last call (``LLMEngine.add_prefill_listener``)."""
+        progress, self.prefill_progress = self.prefill_progress, {}
+        return progress
 
     def postprocess(self, out: SchedulerOutput, sampled: list[int | None]) -> list[Sequence]:
         """Applies a step's results; returns the sequences that received a token."""

@@ -41,7 +41,13 @@ from typing import Any
 
 from bench.common.paths import shared_path
 from bench.routing.sim_engine import BlockKey, SimEngine, SimSequence, block_keys
-from bench.routing.trace import TraceRequest, load_trace, parse_slice, reusable_token_share
+from bench.routing.trace import (
+    TraceRequest,
+    load_trace,
+    parse_slice,
+    reusable_token_share,
+    warm_and_slice,
+)
 from bench.routing.trace_systems import matched_timing
 from dynask.actors.backends.mocker_config import MockerConfig
 from dynask.control_plane.routing.kv_router import Candidate, KVRouter, RouterConfig
@@ -165,9 +171,10 @@ class Simulation:
         self._push(end, "step_end", index, chunks)
         if stored or removed:
             self._push(end + self.event_delay_ms, "kv_events", index, (stored, removed))
-        progress = {seq.index: seq.pending_tokens() for seq, _ in chunks if seq.prefilling()}
-        if progress and self.prefill_progress:
-            self._push(end + self.event_delay_ms, "prefill", index, progress)
+        if self.prefill_progress:
+            left = {seq.index: seq.pending_tokens() for seq, _ in chunks if seq.prefilling()}
+            if left:
+                self._push(end + self.event_delay_ms, "prefill", index, left)
 
     def _step_end(self, index: int, chunks: list[tuple[SimSequence, int]]) -> None:
         engine, view = self.engines[index], self.views[index]
@@ -329,20 +336,21 @@ def main(argv: list[str] | None = None) -> None:
     trace = load_trace(args.trace)
     rows = []
     for text in args.slices.split(","):
-        start, stop, _ = parse_slice(text).indices(len(trace))
-        warm = min(start, args.warm)
-        requests = trace[start - warm : stop]
-        options = {"warm": warm, "prefill_progress": not args.no_prefill_progress}
-
-        def options_for(name: str, options: dict[str, Any] = options) -> dict[str, Any]:
-            return {**options, "prefill_progress": options["prefill_progress"] and name in OURS}
+        warm_requests, measured = warm_and_slice(trace, parse_slice(text), args.warm)
+        requests, warm = warm_requests + measured, len(warm_requests)
+        progress = not args.no_prefill_progress
 
         for speedup in (float(s) for s in args.speedups.split(",")):
             runs = [
                 (
                     name,
                     Simulation(
-                        requests, speedup, args.actors, POLICIES[name](), **options_for(name)
+                        requests,
+                        speedup,
+                        args.actors,
+                        POLICIES[name](),
+                        warm=warm,
+                        prefill_progress=progress and name in OURS,
                     ),
                 )
                 for name in args.policies.split(",")
@@ -356,12 +364,19 @@ def main(argv: list[str] | None = None) -> None:
                     POLICIES["kv"](),
                     threshold_blocks=int(threshold),
                     max_wait_ms=float(wait) if wait else None,
-                    **options,
+                    warm=warm,
+                    prefill_progress=progress,
                 )
                 runs.append((f"kv+queue {setting}", queued))
             for order in filter(None, args.engine_orders.split(",")):
                 reordered = Simulation(
-                    requests, speedup, args.actors, POLICIES["kv"](), engine_order=order, **options
+                    requests,
+                    speedup,
+                    args.actors,
+                    POLICIES["kv"](),
+                    engine_order=order,
+                    warm=warm,
+                    prefill_progress=progress,
                 )
                 runs.append((f"kv, engines {order}", reordered))
             for name, simulation in runs:

@@ -113,11 +113,6 @@ class SimEngine:
         self.preemptions = 0
         self._removed: list[BlockKey] = []
 
-    @property
-    def cache(self) -> set[BlockKey]:
-        """The blocks a prompt can hit now."""
-        return set(self.refs)
-
     def cached_prefix_blocks(self, seq: SimSequence) -> int:
         limit = (seq.prompt_tokens - 1) // self.config.block_size
         count = 0

@@ -103,6 +103,15 @@ def parse_slice(text: str) -> slice:
     return slice(int(start) if start else None, int(stop) if stop else None)
 
 
+def warm_and_slice(
+    trace: Sequence[TraceRequest], span: slice, warm: int
+) -> tuple[list[TraceRequest], list[TraceRequest]]:
+    """The ``warm`` requests before ``span`` (fewer at the trace's start) and ``span``'s
+    requests; a negative START counts from the end, as in any slice."""
+    start, stop, _ = span.indices(len(trace))
+    return list(trace[max(0, start - warm) : start]), list(trace[start:stop])
+
+
 def block_tokens(hash_id: int, salt: int = 0) -> list[int]:
     """The ``TRACE_BLOCK_TOKENS`` token ids of block ``hash_id``."""
     rng = random.Random(f"{salt}:{hash_id}")

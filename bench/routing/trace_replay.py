@@ -74,6 +74,7 @@ from bench.routing.trace import (
     parse_slice,
     reusable_block_share,
     reusable_token_share,
+    warm_and_slice,
 )
 from bench.routing.trace_client import ReplayResult, kv_hit_rate, replay, summarize
 from bench.routing.trace_systems import (
@@ -347,12 +348,9 @@ def ratios(rows: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     trace = load_trace(args.trace)
-    span = parse_slice(args.slice)
-    requests = trace[span]
+    warm, requests = warm_and_slice(trace, parse_slice(args.slice), args.warm)
     if not requests:
         raise SystemExit(f"--slice {args.slice} of {args.trace} holds no request")
-    first = span.indices(len(trace))[0]  # a negative START counts from the end
-    warm = trace[max(0, first - args.warm) : first]
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="trace-replay-") as tmp:
         try:

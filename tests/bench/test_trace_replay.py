@@ -20,6 +20,7 @@ from bench.routing.trace import (
     parse_slice,
     reusable_block_share,
     reusable_token_share,
+    warm_and_slice,
 )
 from bench.routing.trace_client import ReplayResult, arrival_offsets, replay, summarize
 from bench.routing.trace_replay import measured_summary
@@ -197,3 +198,11 @@ def test_a_replay_hits_the_prefixes_its_hash_ids_share(smollm2_folder: Path) -> 
         [1500, 1488],
     ]
     assert TRACE_BLOCK_TOKENS == 512
+
+
+def test_the_warm_requests_are_the_ones_before_the_slices_resolved_start() -> None:
+    trace = [_request(i, 512, (i,)) for i in range(6)]
+
+    assert warm_and_slice(trace, parse_slice("3:5"), 2) == (trace[1:3], trace[3:5])
+    assert warm_and_slice(trace, parse_slice("-2:"), 3) == (trace[1:4], trace[4:])
+    assert warm_and_slice(trace, parse_slice("1:3"), 5) == (trace[:1], trace[1:3])

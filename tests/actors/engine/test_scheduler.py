@@ -193,14 +193,11 @@ def test_a_prompt_prefilled_in_chunks_reports_what_it_has_left() -> None:
     scheduler.add(b)
 
     assert _plan(scheduler) == [("a", 6)]
-    assert scheduler.prefill_progress == {"a": 9}
-    scheduler.prefill_progress = {}  # the engine hands it on after each step
+    assert scheduler.take_prefill_progress() == {"a": 9}  # the engine's call after each step
     assert _plan(scheduler) == [("a", 6)]
-    assert scheduler.prefill_progress == {"a": 3}
-    scheduler.prefill_progress = {}
+    assert scheduler.take_prefill_progress() == {"a": 3}
     # a's prefill ends (its first token says so); b starts and ends in the same step.
     assert _plan(scheduler) == [("a", 3), ("b", 3)]
-    assert scheduler.prefill_progress == {"b": 1}
-    scheduler.prefill_progress = {}
+    assert scheduler.take_prefill_progress() == {"b": 1}
     assert _plan(scheduler) == [("a", 1), ("b", 1)]
-    assert scheduler.prefill_progress == {}  # decodes report nothing
+    assert scheduler.take_prefill_progress() == {}  # decodes report nothing

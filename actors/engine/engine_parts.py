@@ -134,7 +134,7 @@ def assemble_engine_parts(config: EngineConfig, loaded: LoadedModel, started: fl
     )
     runner = ModelRunner(loaded.model, spec, device, loaded.eos_token_ids, config.cuda_fast_paths)
     if device.type == "cuda":
-        runner.compile_kernels()
+        runner.compile_kernels(config.max_num_batched_tokens)
     if device.type == "cuda" and config.cuda_graphs:
         runner.capture_decode_graphs(config.max_num_seqs, plan.max_model_len)
     kv_manager, event_log = KVCacheManager.build(

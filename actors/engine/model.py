@@ -11,8 +11,10 @@ Skinny projections (``use_skinny_projections``, which the CUDA runner calls unde
 ``EngineConfig.cuda_fast_paths``, on by default since 2026-12-01): at small batch on CUDA
 every projection but the LM head goes through ``skinny_matmul`` (cuBLAS or a Triton
 kernel, whichever its timing found faster; the Triton kernel takes the add + RMSNorm in
-front of q|k|v and gate|up, and the SiLU·mul in front of down). Not called (a CPU, or the
-fast paths off), each layer runs the ops of before, unchanged.
+front of q|k|v and gate|up, and the SiLU·mul in front of down); at many rows (prefill,
+batch 256) gate|up may take SiLU·mul in its epilogue (``gated_gemm``, where its timing
+found it faster). Not called (a CPU, or the fast paths off), each layer runs the ops of
+before, unchanged.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 from torch import nn
 
 from dynask.actors.engine.attention import AttentionMetadata, paged_attention
-from dynask.actors.engine.cuda import fused_ops, skinny_matmul
+from dynask.actors.engine.cuda import fused_ops, gated_gemm, skinny_matmul
 from dynask.actors.engine.model_config import ModelConfig
 
 
@@ -151,9 +153,19 @@ class MLP(nn.Module):
         down: torch.Tensor = self.down_proj(fused_ops.silu_and_mul(self.gate_up_proj(x)))
         return down
 
-    def gated_down(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """The down projection of the fused gate|up output, SiLU·mul maybe fused (skinny)."""
-        return skinny_matmul.gated_linear(gate_up, self.down_proj)
+    def fast_forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(self(norm(x + residual)), x + residual)`` on the CUDA fast paths: at small
+        batch the norm may run inside gate|up and SiLU·mul inside down
+        (``skinny_matmul``); at many rows SiLU·mul inside gate|up (``gated_gemm``)."""
+        tile = gated_gemm.tile_for(x, self.gate_up_proj)
+        if tile is not None:
+            normed, residual = norm.add_norm(x, residual)
+            act = gated_gemm.launch(normed, self.gate_up_proj.weight, tile)
+            return self.down_proj(act), residual
+        gate_up, residual = norm.add_norm_linear(x, residual, self.gate_up_proj)
+        return skinny_matmul.gated_linear(gate_up, self.down_proj), residual
 
 
 class DecoderLayer(nn.Module):
@@ -198,10 +210,7 @@ class DecoderLayer(nn.Module):
         qkv, residual = self.input_layernorm.add_norm_linear(hidden, residual, attn.qkv_proj)
         attended = attn.attend(qkv, positions, rotary, kv_cache, meta)
         attn_out = skinny_matmul.linear(attended.reshape(qkv.shape[0], attn.q_size), attn.o_proj)
-        gate_up, residual = self.post_attention_layernorm.add_norm_linear(
-            attn_out, residual, self.mlp.gate_up_proj
-        )
-        return self.mlp.gated_down(gate_up), residual
+        return self.mlp.fast_forward(attn_out, residual, self.post_attention_layernorm)
 
 
 class CausalLM(nn.Module):
@@ -224,6 +233,9 @@ class CausalLM(nn.Module):
         runner calls it, on CUDA under ``EngineConfig.cuda_fast_paths``."""
         for layer in self.layers:
             cast(DecoderLayer, layer).skinny_projections = True
+
+    def gate_up_proj(self, layer: int) -> nn.Linear:
+        return cast(DecoderLayer, self.layers[layer]).mlp.gate_up_proj
 
     def forward(
         self,

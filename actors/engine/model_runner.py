@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dynask.actors.engine.cuda import gated_gemm
 from dynask.actors.engine.cuda.overlap import PendingTokens
 from dynask.actors.engine.cuda.prefill_graph import ShortPrefillGraph
 from dynask.actors.engine.cuda.step import CudaLayout, DecodeGraphs, build_cuda_inputs
@@ -94,14 +95,17 @@ class ModelRunner:
             for _ in range(spec.num_layers)
         ]
 
-    def compile_kernels(self) -> None:
+    def compile_kernels(self, max_rows: int) -> None:
         """Compiles the paged prefill kernel now (CUDA; with the fast paths the split one
-        too); decode kernels compile on capture."""
+        too, and the fused gate|up GEMM is timed for steps of up to ``max_rows`` rows);
+        decode kernels compile on capture."""
         if self.cuda_layout is not None:
             k_cache, v_cache = self.kv_caches[0]
             compile_paged_prefill(k_cache, v_cache, self.model.config.num_heads)
             if self.cuda_layout.fast_paths:
                 compile_split_prefill(k_cache, v_cache, self.model.config.num_heads)
+                with torch.inference_mode():
+                    gated_gemm.decide(self.model.gate_up_proj(0), max_rows)
 
     def capture_decode_graphs(self, max_batch: int, max_model_len: int) -> None:
         """Captures decode steps of up to ``max_batch`` rows (CUDA only); with the fast

@@ -72,7 +72,7 @@ from bench.engine.report import (
 )
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.engine.config import EngineConfig
-from dynask.actors.engine.cuda import skinny_matmul
+from dynask.actors.engine.cuda import gated_gemm, skinny_matmul
 from dynask.actors.engine.engine import LLMEngine
 from dynask.actors.engine.engine_parts import build_engine_parts_from_hf
 from dynask.actors.models.model_source import resolve_model
@@ -406,6 +406,8 @@ def main(argv: list[str] | None = None) -> None:
         print_gpu_extras(extra)
     if on_gpu:
         extra["skinny_matmul"] = skinny_matmul.choices()  # cuBLAS or Triton, per shape
+        extra["gated_gemm"] = gated_gemm.choices()  # gate|up + SiLU·mul, per row bucket
+        print("gated gemm:", extra["gated_gemm"])
     if vllm is not None:
         extra["vllm"] = vllm.report(rows)
         print("\n" + engine_vllm.format_vllm_table(vllm.rows(rows), vllm.start_s))

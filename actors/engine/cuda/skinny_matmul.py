@@ -40,9 +40,10 @@ from __future__ import annotations
 
 import logging
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -65,6 +66,7 @@ BACK_TO_BACK = 8  # runs per timing, one after another as in a graph replay
 MAX_COPIES = 8  # of a weight to time on, to read it from HBM each run
 SLEEP_CYCLES = 2_000_000  # ~1 ms at H200 clocks: the host queues the runs meanwhile
 _DTYPES = (torch.bfloat16, torch.float16)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -286,18 +288,20 @@ def _tile_for(
             return None  # nothing can be timed inside a capture: cuBLAS
         tiles = [t for t in candidates(rows) if t.fits(n, k)]
         margin = PDL_MARGIN if pdl.enabled(x.device) else MARGIN
-        _choices[key] = _fastest(tiles, unfused, fused, cold_copies(weight), margin)
+        _choices[key] = fastest(tiles, unfused, fused, cold_copies(weight), margin)
         log.debug("skinny matmul %s: %s", key[:5], _choices[key] or "cublas")
     return _choices[key]
 
 
-def _fastest(
-    tiles: list[Tile],
-    unfused: Unfused,
-    fused: Fused,
+def fastest(
+    tiles: Sequence[T],
+    unfused: Callable[[torch.Tensor], object],
+    fused: Callable[[T, torch.Tensor], object],
     weights: list[torch.Tensor],
     margin: float = MARGIN,
-) -> Tile | None:
+) -> T | None:
+    """The tile whose ``fused`` run beats ``margin`` x the ``unfused`` run's time and every
+    other tile's, or None (the unfused ops); a tile that fails to run is skipped."""
     if not tiles:
         return None
     best = margin * _time(unfused, weights)

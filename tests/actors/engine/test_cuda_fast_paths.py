@@ -195,7 +195,16 @@ def test_cudnn_is_asked_for_only_with_the_fast_paths(
     ("fast_paths", "started"),
     [
         (False, ["compile_paged_prefill", "DecodeGraphs"]),
-        (True, ["compile_paged_prefill", "compile_split_prefill", "DecodeGraphs", "ShortPrefill"]),
+        (
+            True,
+            [
+                "compile_paged_prefill",
+                "compile_split_prefill",
+                "gated_gemm.decide 2048",
+                "DecodeGraphs",
+                "ShortPrefill",
+            ],
+        ),
     ],
 )
 def test_start_up_compiles_and_captures_the_new_code_only_with_the_fast_paths(
@@ -210,8 +219,13 @@ def test_start_up_compiles_and_captures_the_new_code_only_with_the_fast_paths(
     graph = _recorded(calls, "ShortPrefill", lambda *args: object())
     monkeypatch.setattr(model_runner, "ShortPrefillGraph", graph)
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    monkeypatch.setattr(
+        model_runner.gated_gemm,
+        "decide",
+        lambda layer, rows: calls.append(f"gated_gemm.decide {rows}"),
+    )
 
-    runner.compile_kernels()
+    runner.compile_kernels(2048)
     runner.capture_decode_graphs(4, 64)
 
     assert calls == started

@@ -141,11 +141,11 @@ def test_chooser_keeps_cublas_unless_triton_wins_by_the_margin(
     monkeypatch.setattr(skinny_matmul, "_time", lambda run, weights: next(timings))
     tiles = [Tile(16, 512), Tile(32, 256), Tile(8, 1024)]
     weights = [torch.zeros(1)]
-    chosen = skinny_matmul._fastest(tiles, lambda w: None, lambda tile, w: None, weights)
+    chosen = skinny_matmul.fastest(tiles, lambda w: None, lambda tile, w: None, weights)
     assert chosen == tiles[1]
     timings = iter([10.0, 9.9, 9.8, 9.75])
-    assert skinny_matmul._fastest(tiles, lambda w: None, lambda tile, w: None, weights) is None
-    assert skinny_matmul._fastest([], lambda w: None, lambda tile, w: None, weights) is None
+    assert skinny_matmul.fastest(tiles, lambda w: None, lambda tile, w: None, weights) is None
+    assert skinny_matmul.fastest([], lambda w: None, lambda tile, w: None, weights) is None
 
 
 def test_with_pdl_the_chooser_keeps_triton_unless_cublas_is_clearly_faster(
@@ -156,10 +156,10 @@ def test_with_pdl_the_chooser_keeps_triton_unless_cublas_is_clearly_faster(
     margin = skinny_matmul.PDL_MARGIN
     timings = iter([10.0, 10.2, 12.0])  # 10.2 < 1.03 * 10: a tie goes to Triton
     monkeypatch.setattr(skinny_matmul, "_time", lambda run, weights: next(timings))
-    chosen = skinny_matmul._fastest(tiles, lambda w: None, lambda tile, w: None, weights, margin)
+    chosen = skinny_matmul.fastest(tiles, lambda w: None, lambda tile, w: None, weights, margin)
     assert chosen == tiles[0]
     timings = iter([10.0, 10.4, 10.31])  # both more than 3% slower: cuBLAS
-    chosen = skinny_matmul._fastest(tiles, lambda w: None, lambda tile, w: None, weights, margin)
+    chosen = skinny_matmul.fastest(tiles, lambda w: None, lambda tile, w: None, weights, margin)
     assert chosen is None
 
 

@@ -301,19 +301,25 @@ def fastest(
     margin: float = MARGIN,
 ) -> T | None:
     """The tile whose ``fused`` run beats ``margin`` x the ``unfused`` run's time and every
-    other tile's, or None (the unfused ops); a tile that fails to run is skipped."""
-    if not tiles:
-        return None
-    best = margin * _time(unfused, weights)
-    chosen = None
+    other tile's, or None (the unfused ops); a tile that fails to run is skipped. The
+    candidates are timed in rounds, each round every one once, so that the GPU's clocks
+    falling under sustained load (a prefill's GEMMs) slow them alike, not the last ones."""
+    runnable: list[tuple[T, Callable[[torch.Tensor], object]]] = []
     for tile in tiles:
+        run = partial(fused, tile)
         try:
-            took = _time(partial(fused, tile), weights)
-        except Exception as error:  # a tile this GPU cannot run (resources): skip it
+            run(weights[0])  # compiles; raises for a tile this GPU cannot run (resources)
+        except Exception as error:
             log.warning("skinny matmul tile %s failed: %s", tile, error)
             continue
-        if took < best:
-            best, chosen = took, tile
+        runnable.append((tile, run))
+    if not runnable:
+        return None
+    took = _times([unfused] + [run for _, run in runnable], weights)
+    best, chosen = margin * took[0], None
+    for (tile, _), time_ms in zip(runnable, took[1:], strict=True):
+        if time_ms < best:
+            best, chosen = time_ms, tile
     return chosen
 
 
@@ -336,20 +342,28 @@ def copies_wanted(weight_bytes: int, l2_bytes: int) -> int:
 
 
 def _time(run: Callable[[torch.Tensor], object], weights: list[torch.Tensor]) -> float:
-    """Median GPU ms of one ``run`` as a CUDA graph runs it: back to back, cycling through
-    ``weights`` (so each run reads its weight from HBM), with the host's launch cost hidden
-    (Triton's is larger than cuBLAS's; a graph replay has none)."""
-    run(weights[0])  # compiles / picks the kernel
-    runs = max(BACK_TO_BACK, len(weights))
-    times = []
+    """``_times`` of one run (for benchmarks)."""
+    return _times([run], weights)[0]
+
+
+def _times(
+    runs: list[Callable[[torch.Tensor], object]], weights: list[torch.Tensor]
+) -> list[float]:
+    """Median GPU ms of one run of each of ``runs`` as a CUDA graph runs it: back to back,
+    cycling through ``weights`` (so each run reads its weight from HBM), with the host's
+    launch cost hidden (Triton's is larger than cuBLAS's; a graph replay has none)."""
+    runs[0](weights[0])  # picks cuBLAS's kernel (the others ran once already)
+    count = max(BACK_TO_BACK, len(weights))
+    samples: list[list[float]] = [[] for _ in runs]
     for _ in range(TIMING_RUNS):
-        torch.cuda._sleep(SLEEP_CYCLES)  # type: ignore[no-untyped-call]
-        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        start.record()
-        for i in range(runs):
-            run(weights[i % len(weights)])
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / runs)
-    return float(statistics.median(times))
+        for run, times in zip(runs, samples, strict=True):
+            torch.cuda._sleep(SLEEP_CYCLES)  # type: ignore[no-untyped-call]
+            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            start.record()
+            for i in range(count):
+                run(weights[i % len(weights)])
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / count)
+    return [float(statistics.median(times)) for times in samples]

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Issue 19: the fused gate|up + SiLU·mul GEMM on the H200, one device call from the
 # repository root with .devcarry/:
-#   bash bench/h200_gated.sh [sweep|compare]
+#   bash bench/h200_gated.sh [sweep|compare|skinny]
 # sweep: its kernel test on CUDA, then bench.engine.gated_gemm (cuBLAS + silu_and_mul
 # against each tile at ROWS rows, default 256,2048,8192).
+# skinny: bench.engine.skinny_tma (decode projections at ROWS rows, default 64: cuBLAS
+# against TMA skinny GEMMs and the fused gate|up GEMM's 64-row tiles).
 # compare: the CUDA tests that cover it (the kernel, the fast paths, the skinny chooser,
 # PDL's bf16 equality), then bench/h200_compare.sh against the tree unpacked in base/
 # (`git archive COMMIT | tar x -C base`, carried): decode at batch 1, 64, 256 and an
@@ -14,6 +16,12 @@ mkdir -p "$OUT"
 bash bench/h200.sh setup > "$OUT/setup.log" 2>&1
 export PYTHONPATH=/tmp/ns:$PWD:/tmp/site PYTHONUNBUFFERED=1
 export DYNASK_TEST_TOKENIZER=$PWD/.devcarry/tokenizer DYNASK_CACHE_DIR=/tmp/dynask-cache
+if [[ ${1:-sweep} == skinny ]]; then
+    timeout ${SWEEP_TIMEOUT:-400} python3 -m bench.engine.skinny_tma --rows ${ROWS:-64} \
+        --out "$OUT/skinny-tma.json" 2>&1 | grep -v "triton compile" > "$OUT/skinny-tma.log"
+    cat "$OUT/skinny-tma.log"
+    exit
+fi
 if [[ ${1:-sweep} == sweep ]]; then
     DYNASK_TEST_DEVICE=cuda timeout 120 python3 -m pytest -q -p no:cacheprovider \
         tests/actors/engine/test_gated_gemm.py 2>&1 | tail -n 15 > "$OUT/tests-gated.log"

@@ -1,0 +1,53 @@
+"""Triton source of the experimental skinny GEMM through tensor descriptors (see
+``bench.engine.skinny_tma``). mypy skips this file (Triton's DSL is untyped).
+
+``y = x @ w^T`` for ``x [M, K]`` (M <= BLOCK_M, rows past M read as zeros and are not
+stored) and ``w [N, K]``: program (n-tile, split) reads its ``BLOCK_N x K / SPLIT_K``
+slice of the weight through a tensor descriptor (TMA on Hopper, pipelined NUM_STAGES
+deep). With SPLIT_K > 1 the partials meet as in ``triton_gemv``: each program writes its
+float32 partial, counts itself in ``count[n-tile]``, and the last to arrive sums them in
+split order (bits independent of arrival order), writes y and resets the count.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit(do_not_specialize=["m_rows"])
+def skinny_tma_kernel(
+    x_desc,
+    w_desc,
+    y_ptr,
+    part_ptr,
+    count_ptr,
+    m_rows,
+    n_dim,
+    k_dim,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    off_n = tl.program_id(0) * BLOCK_N
+    k_len = k_dim // SPLIT_K
+    k_first = tl.program_id(1) * k_len
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in tl.range(k_first, k_first + k_len, BLOCK_K, num_stages=NUM_STAGES):
+        acc = tl.dot(x_desc.load([0, k]), w_desc.load([off_n, k]).T, acc)
+    m = tl.arange(0, BLOCK_M)[:, None]
+    n = off_n + tl.arange(0, BLOCK_N)[None, :]
+    y_ptrs = y_ptr + m * n_dim + n
+    if SPLIT_K == 1:
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m < m_rows)
+    else:
+        part_ptrs = part_ptr + m * n_dim + n
+        tl.store(part_ptrs + tl.program_id(1) * BLOCK_M * n_dim, acc)
+        tl.debug_barrier()  # every thread's partial is written before the count says so
+        arrived = tl.atomic_add(count_ptr + tl.program_id(0), 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:
+            acc = tl.load(part_ptrs, cache_modifier=".cg")  # from L2: other SMs wrote them
+            for s in tl.static_range(1, SPLIT_K):
+                acc += tl.load(part_ptrs + s * BLOCK_M * n_dim, cache_modifier=".cg")
+            tl.atomic_xchg(count_ptr + tl.program_id(0), 0)
+            tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m < m_rows)

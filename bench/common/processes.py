@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -176,13 +177,46 @@ def group_cpu_seconds(pgid: int) -> float:
     return total
 
 
-# ---- waiting for readiness ----------------------------------------------------------------
+# ---- ports ----------------------------------------------------------------------------------
+
+
+LOWEST_PORT = 10_000
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free loopback ports (held together while drawn, so none twice),
+    below the kernel's ephemeral range.
+
+    A port from ``bind(0)`` is an ephemeral one, the range the machine's outgoing
+    connections draw from too: between the probe and the server's own bind, a connection
+    (a server's own Dask workers dialling their scheduler) can take it — a clean-clone
+    run on 2026-12-04 lost a module's tests to "address already in use". Below the range,
+    only explicit binds take ports.
+    """
+    lowest_ephemeral = int(EPHEMERAL_RANGE.read_text().split()[0])
+    rng = random.Random()
+    sockets: list[socket.socket] = []
+    try:
+        while len(sockets) < count:
+            sock = socket.socket()
+            try:
+                sock.bind(("127.0.0.1", rng.randrange(LOWEST_PORT, lowest_ephemeral)))
+            except OSError:  # in use: draw again
+                sock.close()
+                continue
+            sockets.append(sock)
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
+
+
+# ---- waiting for readiness ----------------------------------------------------------------
 
 
 def wait_until_ready(

@@ -34,7 +34,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -48,6 +47,7 @@ from typing import Any
 import httpx
 import jsonschema
 
+from bench.common.processes import free_port
 from bench.common.report import write_json
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -277,19 +277,13 @@ def grammar_step_cost(model: str | None, repeats: int = 3) -> list[dict[str, Any
     return rows
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=None, help="default: the bundled SmolLM2")
     parser.add_argument("--rounds", type=int, default=2, help="passes over the prompts")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "tool_calls.json"))
     args = parser.parse_args()
-    port = _free_port()
+    port = free_port()
     folder = Path(tempfile.mkdtemp(prefix="dynask-bench-tools-"))
     argv = [str(BIN / "dynask"), "run", *([args.model] if args.model else [])]
     argv += ["--port", str(port), "--database-url", f"sqlite:///{folder / 'state.db'}"]

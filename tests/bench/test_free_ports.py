@@ -1,11 +1,11 @@
-"""The tests' server ports are drawn below the kernel's ephemeral range, so an outgoing
-connection cannot take one between the draw and the server's bind."""
+"""Server ports (the tests' and the benchmarks') are drawn below the kernel's ephemeral
+range, so an outgoing connection cannot take one between the draw and the server's bind."""
 
 from __future__ import annotations
 
 import socket
 
-from tests.control_plane.server_process import EPHEMERAL_RANGE, LOWEST_PORT, free_ports
+from bench.common.processes import EPHEMERAL_RANGE, LOWEST_PORT, free_ports
 
 
 def test_ports_are_distinct_free_and_below_the_ephemeral_range() -> None:

@@ -51,7 +51,7 @@ typecheck: $(STAMP) .mypy_path/dynask
 # for the whole run: every process the tests start would inherit it.
 KERNEL_TESTS := tests/actors/engine/test_paged_kernels.py tests/actors/engine/test_prefill_graph.py \
   tests/actors/engine/test_skinny_matmul.py tests/actors/engine/test_fused_ops.py \
-  tests/actors/engine/test_gated_gemm.py tests/bench/test_skinny_tma.py \
+  tests/actors/engine/test_gated_gemm.py tests/actors/engine/test_skinny_tma.py \
   tests/actors/engine/test_cuda_step.py tests/actors/engine/test_cuda_fast_paths.py \
   tests/kv/test_block_copy_kernel.py
 

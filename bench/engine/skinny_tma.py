@@ -4,10 +4,11 @@ that read the weight through tensor descriptors (TMA), split over K or not.
 At batch 64 an H200 profile (2026-12-04) had cuBLAS reading the q|k|v and o weights at
 ~70% of the copy bandwidth (16.7 and 11.6 µs against 12 and 8), and the engine's Triton
 skinny kernels (pointer loads, ``skinny_matmul``) slower still. This sweep asks whether
-TMA loads change that before any of it goes into the engine:
+TMA loads change that, and which tiles the engine should offer:
 
-* o, q|k|v, down: ``F.linear`` against ``triton_skinny_tma`` per tile (BLOCK_N, BLOCK_K,
-  split-K, stages) and against the engine's own 64-row skinny tiles;
+* o, q|k|v, down: ``F.linear`` against the TMA skinny GEMM (``actors.engine.cuda.
+  skinny_tma``, which the engine's chooser offers three tiles of) per tile (BLOCK_N,
+  BLOCK_K, split-K, stages), and against the engine's pointer-load 64-row tiles;
 * gate|up: ``F.linear`` + ``silu_and_mul`` against the fused gate|up GEMM
   (``gated_gemm.launch``) with 64-row tiles, one program per tile or persistent.
 
@@ -24,7 +25,6 @@ import argparse
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -35,59 +35,14 @@ import torch.nn.functional as F
 from bench.engine.args import batch_sizes
 from dynask.actors.engine.cuda import fused_ops, gated_gemm, skinny_matmul
 from dynask.actors.engine.cuda.gated_gemm import GatedTile
+from dynask.actors.engine.cuda.skinny_tma import TmaTile
 
 HIDDEN, INTERMEDIATE, QKV = 4096, 14336, 6144
-BLOCK_M = 64
-
-
-@dataclass(frozen=True)
-class TmaTile:
-    block_n: int
-    block_k: int
-    split_k: int = 1
-    num_warps: int = 4
-    num_stages: int = 4
-
-    def __str__(self) -> str:
-        return (
-            f"tma {self.block_n}x{self.block_k} k{self.split_k} w{self.num_warps} "
-            f"s{self.num_stages}"
-        )
-
-    def fits(self, n: int, k: int) -> bool:
-        return n % self.block_n == 0 and k % (self.block_k * self.split_k) == 0
-
-
-_buffers: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def launch(x: torch.Tensor, weight: torch.Tensor, tile: TmaTile) -> torch.Tensor:
-    """``x @ weight^T`` for at most 64 rows through ``triton_skinny_tma``."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    from bench.engine import triton_skinny_tma
-
-    rows, k = x.shape
-    n = weight.shape[0]
-    if rows > BLOCK_M or not tile.fits(n, k):
-        raise ValueError(f"tile {tile} does not fit {rows} rows of a {tuple(weight.shape)} weight")
-    out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
-    tiles = n // tile.block_n
-    key = (tile.split_k * BLOCK_M * n, tiles)
-    if key not in _buffers:
-        _buffers[key] = (
-            torch.empty(key[0], dtype=torch.float32, device=x.device),
-            torch.zeros(tiles, dtype=torch.int32, device=x.device),
-        )
-    part, count = _buffers[key]
-    triton_skinny_tma.skinny_tma_kernel[(tiles, tile.split_k)](
-        TensorDescriptor.from_tensor(x, [BLOCK_M, tile.block_k]),
-        TensorDescriptor.from_tensor(weight, [tile.block_n, tile.block_k]),
-        out, part, count, rows, n, k, BLOCK_M=BLOCK_M, BLOCK_N=tile.block_n,
-        BLOCK_K=tile.block_k, SPLIT_K=tile.split_k, NUM_STAGES=tile.num_stages,
-        num_warps=tile.num_warps,
-    )  # fmt: skip
-    return out
+    """``x @ weight^T`` through the engine's TMA path (``skinny_matmul.launch``)."""
+    return skinny_matmul.launch(x, weight, None, tile)
 
 
 def tma_tiles(n: int, k: int) -> list[TmaTile]:

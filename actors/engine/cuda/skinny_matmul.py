@@ -49,7 +49,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dynask.actors.engine.cuda import fused_ops, pdl
+from dynask.actors.engine.cuda import fused_ops, pdl, skinny_tma
+from dynask.actors.engine.cuda.skinny_tma import TmaTile
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ def candidates(rows: int) -> tuple[Tile, ...]:
     return DOT16_TILES if dot_rows(rows) == 16 else DOT64_TILES
 
 
-_choices: dict[tuple[object, ...], Tile | None] = {}
+_choices: dict[tuple[object, ...], Tile | TmaTile | None] = {}
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ def launch(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
-    tile: Tile,
+    tile: Tile | TmaTile,
     gated: bool = False,
     norm: Norm | None = None,
 ) -> torch.Tensor:
@@ -129,6 +130,8 @@ def launch(
     ``norm``: the input is the RMSNorm of x (+ its residual)."""
     from dynask.actors.engine.cuda import triton_gemv
 
+    if isinstance(tile, TmaTile):
+        return _launch_tma(x, weight, tile, gated, norm)
     rows = x.shape[0]
     n, k = weight.shape
     out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
@@ -163,6 +166,24 @@ def launch(
         num_stages=tile.num_stages, **launch_options,
     )  # fmt: skip
     return out
+
+
+def _launch_tma(
+    x: torch.Tensor, weight: torch.Tensor, tile: TmaTile, gated: bool, norm: Norm | None
+) -> torch.Tensor:
+    """A TMA tile: the prologue's unfused kernel first (``skinny_tma`` takes none); a
+    norm's ``x + residual`` is not kept (``norm_linear`` runs the norm itself)."""
+    if gated:
+        x = fused_ops.silu_and_mul(x)
+    elif norm is not None:
+        x = fused_ops.add_rms_norm(x, norm.residual, norm.weight, norm.eps)[0]
+    n = weight.shape[0]
+    part, count = weight, weight  # unused unless split
+    if tile.split_k > 1:
+        part, count = _split_buffers(
+            x.device, tile.split_k * skinny_tma.BLOCK_M * n, n // tile.block_n
+        )
+    return skinny_tma.launch(x, weight, tile, part, count)
 
 
 # Split-K's float32 partials and per-n-tile arrival counts, one pair per device: a
@@ -237,14 +258,16 @@ def norm_linear(
             normed = fused_ops.add_rms_norm(x, residual, norm_weight, eps)[0]
             return F.linear(normed, weight, layer.bias)
 
-        def fused(t: Tile, weight: torch.Tensor) -> torch.Tensor:
+        def fused(t: Tile | TmaTile, weight: torch.Tensor) -> torch.Tensor:
             summed = None if residual is None else torch.empty_like(x)
             return launch(x, weight, layer.bias, t, norm=Norm(norm_weight, eps, residual, summed))
 
         kind = "norm+residual" if residual is not None else "norm"
         tile = _tile_for(x, layer, kind, unfused, fused)
-    if tile is None:
+    if tile is None or isinstance(tile, TmaTile):
         normed, summed = fused_ops.add_rms_norm(x, residual, norm_weight, eps)
+        if tile is not None:
+            return launch(normed, layer.weight, layer.bias, tile), summed
         out: torch.Tensor = layer(normed)
         return out, summed
     summed = x if residual is None else torch.empty_like(x)
@@ -262,12 +285,12 @@ def choices() -> dict[str, str]:
 
 
 Unfused = Callable[[torch.Tensor], object]  # run with this weight
-Fused = Callable[[Tile, torch.Tensor], object]  # run this tile with this weight
+Fused = Callable[[Tile | TmaTile, torch.Tensor], object]  # run this tile with this weight
 
 
 def _tile_for(
     x: torch.Tensor, layer: nn.Linear, kind: str, unfused: Unfused, fused: Fused
-) -> Tile | None:
+) -> Tile | TmaTile | None:
     """The tile to run ``layer`` on ``x`` with (None: the unfused torch ops), timed once
     per (rows, shape, dtype, kind): ``unfused`` against ``fused`` on each tile."""
     weight = layer.weight
@@ -286,7 +309,9 @@ def _tile_for(
     if key not in _choices:
         if torch.cuda.is_current_stream_capturing():
             return None  # nothing can be timed inside a capture: cuBLAS
-        tiles = [t for t in candidates(rows) if t.fits(n, k)]
+        tiles: list[Tile | TmaTile] = [t for t in candidates(rows) if t.fits(n, k)]
+        if skinny_tma.offered(x, weight, layer.bias):
+            tiles += [t for t in skinny_tma.CANDIDATES if t.fits(n, k)]
         margin = PDL_MARGIN if pdl.enabled(x.device) else MARGIN
         _choices[key] = fastest(tiles, unfused, fused, cold_copies(weight), margin)
         log.debug("skinny matmul %s: %s", key[:5], _choices[key] or "cublas")

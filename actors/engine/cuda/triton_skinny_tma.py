@@ -1,5 +1,6 @@
-"""Triton source of the experimental skinny GEMM through tensor descriptors (see
-``bench.engine.skinny_tma``). mypy skips this file (Triton's DSL is untyped).
+"""Triton source of the skinny GEMM through tensor descriptors (imported only where
+Triton exists; see ``skinny_tma`` for the design). mypy skips this file (Triton's DSL is
+untyped).
 
 ``y = x @ w^T`` for ``x [M, K]`` (M <= BLOCK_M, rows past M read as zeros and are not
 stored) and ``w [N, K]``: program (n-tile, split) reads its ``BLOCK_N x K / SPLIT_K``
@@ -7,6 +8,9 @@ slice of the weight through a tensor descriptor (TMA on Hopper, pipelined NUM_ST
 deep). With SPLIT_K > 1 the partials meet as in ``triton_gemv``: each program writes its
 float32 partial, counts itself in ``count[n-tile]``, and the last to arrive sums them in
 split order (bits independent of arrival order), writes y and resets the count.
+With PDL (``pdl``) each program lets the next kernel launch as it starts and waits for
+the kernel before it before its first load (the pipelined loads of x and the weight are
+not peeled apart).
 """
 
 import triton
@@ -28,7 +32,11 @@ def skinny_tma_kernel(
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     off_n = tl.program_id(0) * BLOCK_N
     k_len = k_dim // SPLIT_K
     k_first = tl.program_id(1) * k_len

@@ -408,6 +408,8 @@ def main(argv: list[str] | None = None) -> None:
         extra["skinny_matmul"] = skinny_matmul.choices()  # cuBLAS or Triton, per shape
         extra["gated_gemm"] = gated_gemm.choices()  # gate|up + SiLU·mul, per row bucket
         print("gated gemm:", extra["gated_gemm"])
+        print("skinny, 17-64 rows:", {k: v for k, v in extra["skinny_matmul"].items()
+                                      if 16 < int(k.split("x")[0]) <= 64})  # fmt: skip
     if vllm is not None:
         extra["vllm"] = vllm.report(rows)
         print("\n" + engine_vllm.format_vllm_table(vllm.rows(rows), vllm.start_s))

@@ -8,7 +8,7 @@ the unfused ``silu_and_mul`` / ``add_rms_norm`` kernel) and of each candidate ti
 and in TB/s of weight bytes, with what the engine would pick. ``--sweep`` times a wider
 grid of tiles (block sizes, warps, stages, split-K) than the engine's candidates, to choose
 those, and checks each tile's output against ``F.linear`` (and split-K's for repeatability).
-Weights are random bf16; the timing is the engine's own (``skinny_matmul._time``: back to
+Weights are random bf16; the timing is the engine's own (``kernel_chooser._time``: back to
 back, the weight read from HBM each run).
 """
 
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench.engine.args import batch_sizes
-from dynask.actors.engine.cuda import fused_ops, skinny_matmul
+from dynask.actors.engine.cuda import fused_ops, kernel_chooser, skinny_matmul
 from dynask.actors.engine.cuda.skinny_matmul import Tile
 
 # name: (N, K, prologue); "norm": add + RMSNorm in front (the unfused side: add_rms_norm)
@@ -113,8 +113,8 @@ def _measure(
             return fused_ops.add_rms_norm(x, residual, norm_weight, 1e-5)[0]
         return x
 
-    weights = skinny_matmul.cold_copies(weight)
-    cublas = skinny_matmul._time(lambda w: F.linear(inputs(), w), weights)
+    weights = kernel_chooser.cold_copies(weight)
+    cublas = kernel_chooser._time(lambda w: F.linear(inputs(), w), weights)
     expected = F.linear(inputs().float(), weight.float())
     tiles: dict[str, float] = {}
     errors: dict[str, str] = {}
@@ -128,7 +128,7 @@ def _measure(
             )
 
         try:
-            tiles[str(tile)] = skinny_matmul._time(fused, weights) * 1e3
+            tiles[str(tile)] = kernel_chooser._time(fused, weights) * 1e3
             if problem := _wrong(fused(weight), expected, [fused(weight) for _ in range(20)]):
                 errors[str(tile)] = problem
         except Exception as error:  # a tile this GPU cannot run: named, not fatal

@@ -12,7 +12,7 @@ TMA loads change that, and which tiles the engine should offer:
 * gate|up: ``F.linear`` + ``silu_and_mul`` against the fused gate|up GEMM
   (``gated_gemm.launch``) with 64-row tiles, one program per tile or persistent.
 
-Each is timed as the engine's start-up chooser times it (``skinny_matmul._times``: runs
+Each is timed as the engine's start-up chooser times it (``kernel_chooser._times``: runs
 back to back, cycling through copies of the weight that fill twice the L2, candidates
 interleaved round by round) and checked against ``F.linear`` (largest difference over the
 largest value). Run on a GPU from the repository root:
@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.engine.args import batch_sizes
-from dynask.actors.engine.cuda import fused_ops, gated_gemm, skinny_matmul
+from dynask.actors.engine.cuda import fused_ops, gated_gemm, kernel_chooser, skinny_matmul
 from dynask.actors.engine.cuda.gated_gemm import GatedTile
 from dynask.actors.engine.cuda.skinny_tma import TmaTile
 
@@ -144,8 +144,8 @@ def _measure(
         assert isinstance(got, torch.Tensor)
         diffs[label] = (got.float() - expected.float()).abs().max().item() / scale
         runnable[label] = run
-    copies = skinny_matmul.cold_copies(weight)
-    took = skinny_matmul._times([reference, *runnable.values()], copies)
+    copies = kernel_chooser.cold_copies(weight)
+    took = kernel_chooser._times([reference, *runnable.values()], copies)
     floor_us = weight.numel() * weight.element_size() / 4.2e12 * 1e6
     rows_out = []
     print(f"rows {rows} {name}: cublas {took[0] * 1e3:.1f} µs (weights at 4.2 TB/s: "

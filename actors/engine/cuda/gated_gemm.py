@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dynask.actors.engine.cuda import fused_ops, skinny_matmul
+from dynask.actors.engine.cuda import fused_ops, kernel_chooser
 
 log = logging.getLogger(__name__)
 
@@ -131,11 +131,11 @@ def tile_for(x: torch.Tensor, layer: nn.Linear) -> GatedTile | None:
         if torch.cuda.is_current_stream_capturing():
             return None
         tiles = [t for t in CANDIDATES if t.fits(n, k)]
-        _choices[key] = skinny_matmul.fastest(
+        _choices[key] = kernel_chooser.fastest(
             tiles,
             lambda w: fused_ops.silu_and_mul(F.linear(x, w)),
             lambda t, w: launch(x, w, t),
-            skinny_matmul.cold_copies(weight),
+            kernel_chooser.cold_copies(weight),
             MARGIN,
         )
         log.debug("gated gemm %s: %s", key[:4], _choices[key] or "cublas")

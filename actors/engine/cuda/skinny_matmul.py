@@ -18,13 +18,13 @@ bound by reading the weights, so:
 * Which is faster depends on the shape, the row count and the GPU, and cannot be known
   without one: the first eager call of each (rows, shape, dtype, prologue) times the
   unfused ops (cuBLAS plus the small kernel) against the fused kernel on a few tiles and
-  keeps the fastest; Triton only wins by a margin (3%). Each is timed as a decode step's
-  graph runs it: runs back to back, each reading its weight from HBM (they cycle through
-  copies of the weight filling more than twice the L2). Timing each run alone after an L2
-  flush, as before 2026-12-04, measured the flush's write-back and idle clocks more than
-  the kernels (cuBLAS's down projection at batch 1 "took" 126 µs; 30 µs in the graph).
-  During CUDA-graph capture nothing is timed: an undecided shape takes the unfused
-  ops (the runner's warm-up before each capture decides it first).
+  keeps the fastest; Triton only wins by a margin (3%). How it times, and which
+  candidates it drops first (failing to run, or output not the unfused ops'), is
+  ``kernel_chooser``'s. During CUDA-graph capture nothing is timed: an undecided shape
+  takes the unfused ops (the runner's warm-up before each capture decides it first).
+* At 17..64 rows the candidates also include ``skinny_tma``'s GEMM (weights through
+  tensor descriptors, no prologue inside: the small kernel runs first), for bias-free
+  layers.
 * On Hopper and later the kernels are launched with PDL (``pdl``): each starts during the
   tail of the kernel before it, having read its first weights, and the chooser keeps
   Triton on a tie (``PDL_MARGIN``), since timing one op back to back cannot see that.
@@ -39,17 +39,14 @@ bound by reading the weights, so:
 from __future__ import annotations
 
 import logging
-import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
-from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dynask.actors.engine.cuda import fused_ops, pdl, skinny_tma
+from dynask.actors.engine.cuda import fused_ops, kernel_chooser, pdl, skinny_tma
 from dynask.actors.engine.cuda.skinny_tma import TmaTile
 
 log = logging.getLogger(__name__)
@@ -62,12 +59,7 @@ MARGIN = 0.97  # Triton is kept only when it takes at most this share of cuBLAS'
 # (Triton 58.9 µs, cuBLAS 58.7) and the step's graph replay took 4.04 ms with it in
 # Triton, 4.08-4.19 ms in cuBLAS.
 PDL_MARGIN = 1.03
-TIMING_RUNS = 7
-BACK_TO_BACK = 8  # runs per timing, one after another as in a graph replay
-MAX_COPIES = 8  # of a weight to time on, to read it from HBM each run
-SLEEP_CYCLES = 2_000_000  # ~1 ms at H200 clocks: the host queues the runs meanwhile
 _DTYPES = (torch.bfloat16, torch.float16)
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -313,82 +305,8 @@ def _tile_for(
         if skinny_tma.offered(x, weight, layer.bias):
             tiles += [t for t in skinny_tma.CANDIDATES if t.fits(n, k)]
         margin = PDL_MARGIN if pdl.enabled(x.device) else MARGIN
-        _choices[key] = fastest(tiles, unfused, fused, cold_copies(weight), margin)
+        _choices[key] = kernel_chooser.fastest(
+            tiles, unfused, fused, kernel_chooser.cold_copies(weight), margin
+        )
         log.debug("skinny matmul %s: %s", key[:5], _choices[key] or "cublas")
     return _choices[key]
-
-
-def fastest(
-    tiles: Sequence[T],
-    unfused: Callable[[torch.Tensor], object],
-    fused: Callable[[T, torch.Tensor], object],
-    weights: list[torch.Tensor],
-    margin: float = MARGIN,
-) -> T | None:
-    """The tile whose ``fused`` run beats ``margin`` x the ``unfused`` run's time and every
-    other tile's, or None (the unfused ops); a tile that fails to run is skipped. The
-    candidates are timed in rounds, each round every one once, so that the GPU's clocks
-    falling under sustained load (a prefill's GEMMs) slow them alike, not the last ones."""
-    runnable: list[tuple[T, Callable[[torch.Tensor], object]]] = []
-    for tile in tiles:
-        run = partial(fused, tile)
-        try:
-            run(weights[0])  # compiles; raises for a tile this GPU cannot run (resources)
-        except Exception as error:
-            log.warning("skinny matmul tile %s failed: %s", tile, error)
-            continue
-        runnable.append((tile, run))
-    if not runnable:
-        return None
-    took = _times([unfused] + [run for _, run in runnable], weights)
-    best, chosen = margin * took[0], None
-    for (tile, _), time_ms in zip(runnable, took[1:], strict=True):
-        if time_ms < best:
-            best, chosen = time_ms, tile
-    return chosen
-
-
-def cold_copies(weight: torch.Tensor) -> list[torch.Tensor]:
-    """``weight`` and enough copies of it that cycling through them reads each from HBM
-    (more than twice the L2 in all), as a decode step reads each layer's weights."""
-    l2 = torch.cuda.get_device_properties(weight.device).L2_cache_size
-    wanted = copies_wanted(weight.numel() * weight.element_size(), l2)
-    copies = [weight]
-    try:
-        copies += [weight.clone() for _ in range(wanted - 1)]
-    except torch.OutOfMemoryError:
-        log.warning("skinny matmul: no room for %d copies of %s to time on", wanted, weight.shape)
-    return copies
-
-
-def copies_wanted(weight_bytes: int, l2_bytes: int) -> int:
-    """How many of a weight (itself included) fill more than twice the L2: 1..MAX_COPIES."""
-    return max(1, min(MAX_COPIES, -(-2 * l2_bytes // weight_bytes)))
-
-
-def _time(run: Callable[[torch.Tensor], object], weights: list[torch.Tensor]) -> float:
-    """``_times`` of one run (for benchmarks)."""
-    return _times([run], weights)[0]
-
-
-def _times(
-    runs: list[Callable[[torch.Tensor], object]], weights: list[torch.Tensor]
-) -> list[float]:
-    """Median GPU ms of one run of each of ``runs`` as a CUDA graph runs it: back to back,
-    cycling through ``weights`` (so each run reads its weight from HBM), with the host's
-    launch cost hidden (Triton's is larger than cuBLAS's; a graph replay has none)."""
-    runs[0](weights[0])  # picks cuBLAS's kernel (the others ran once already)
-    count = max(BACK_TO_BACK, len(weights))
-    samples: list[list[float]] = [[] for _ in runs]
-    for _ in range(TIMING_RUNS):
-        for run, times in zip(runs, samples, strict=True):
-            torch.cuda._sleep(SLEEP_CYCLES)  # type: ignore[no-untyped-call]
-            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            start.record()
-            for i in range(count):
-                run(weights[i % len(weights)])
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / count)
-    return [float(statistics.median(times)) for times in samples]

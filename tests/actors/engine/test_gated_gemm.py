@@ -91,7 +91,7 @@ def test_few_rows_or_a_cpu_never_time_anything(monkeypatch: pytest.MonkeyPatch) 
     def fail(*args: object) -> None:
         raise AssertionError("timed")
 
-    monkeypatch.setattr(gated_gemm.skinny_matmul, "fastest", fail)
+    monkeypatch.setattr(gated_gemm.kernel_chooser, "fastest", fail)
     layer = nn.Linear(32, 64, bias=False).to(torch.bfloat16)
     assert gated_gemm.tile_for(torch.zeros((4096, 32), dtype=torch.bfloat16), layer) is None
 

@@ -126,64 +126,6 @@ def test_tiles_fit_only_divisible_shapes() -> None:
     assert not Tile(8, 512, split_k=4).fits(4096, 5120)  # 5120 = 2.5 x (4 x 512)
 
 
-def test_the_chooser_times_on_enough_copies_to_miss_the_l2() -> None:
-    l2 = 60 << 20  # an H200's
-    assert skinny_matmul.copies_wanted(4096 * 4096 * 2, l2) == 4  # o: 32 MiB, 3.75 of them
-    assert skinny_matmul.copies_wanted(6144 * 4096 * 2, l2) == 3  # q|k|v: 48 MiB
-    assert skinny_matmul.copies_wanted(28672 * 4096 * 2, l2) == 1  # gate|up: 224 MiB
-    assert skinny_matmul.copies_wanted(1 << 20, l2) == skinny_matmul.MAX_COPIES
-
-
-def test_chooser_keeps_cublas_unless_triton_wins_by_the_margin(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    timings = [10.0, 9.8, 9.6, 12.0]  # cuBLAS, then the tiles: 9.8 > 0.97 * 10 > 9.6
-    monkeypatch.setattr(skinny_matmul, "_times", lambda runs, weights: timings[: len(runs)])
-    tiles = [Tile(16, 512), Tile(32, 256), Tile(8, 1024)]
-    weights = [torch.zeros(1)]
-    chosen = skinny_matmul.fastest(tiles, lambda w: None, lambda tile, w: None, weights)
-    assert chosen == tiles[1]
-    timings = [10.0, 9.9, 9.8, 9.75]
-    assert skinny_matmul.fastest(tiles, lambda w: None, lambda tile, w: None, weights) is None
-    assert skinny_matmul.fastest([], lambda w: None, lambda tile, w: None, weights) is None
-
-
-def test_the_chooser_times_only_the_tiles_that_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    timed: list[int] = []
-
-    def times(runs: list[object], weights: object) -> list[float]:
-        timed.append(len(runs))
-        return [10.0, 9.0][: len(runs)]
-
-    monkeypatch.setattr(skinny_matmul, "_times", times)
-    tiles = [Tile(16, 512), Tile(8, 1024)]
-
-    def fused(tile: Tile, weight: torch.Tensor) -> None:
-        if tile == tiles[0]:
-            raise RuntimeError("out of resources")
-
-    chosen = skinny_matmul.fastest(tiles, lambda w: None, fused, [torch.zeros(1)])
-    assert chosen == tiles[1] and timed == [2]  # cuBLAS and the tile that ran, together
-    timed.clear()
-    assert skinny_matmul.fastest(tiles[:1], lambda w: None, fused, [torch.zeros(1)]) is None
-    assert timed == []  # nothing left to compare with
-
-
-def test_with_pdl_the_chooser_keeps_triton_unless_cublas_is_clearly_faster(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    tiles = [Tile(16, 512), Tile(8, 1024)]
-    weights = [torch.zeros(1)]
-    margin = skinny_matmul.PDL_MARGIN
-    timings = [10.0, 10.2, 12.0]  # 10.2 < 1.03 * 10: a tie goes to Triton
-    monkeypatch.setattr(skinny_matmul, "_times", lambda runs, weights: timings[: len(runs)])
-    chosen = skinny_matmul.fastest(tiles, lambda w: None, lambda tile, w: None, weights, margin)
-    assert chosen == tiles[0]
-    timings = [10.0, 10.4, 10.31]  # both more than 3% slower: cuBLAS
-    chosen = skinny_matmul.fastest(tiles, lambda w: None, lambda tile, w: None, weights, margin)
-    assert chosen is None
-
-
 @pytest.mark.parametrize("rows", [1, 5])
 @pytest.mark.parametrize("with_residual", [False, True])
 @pytest.mark.parametrize("split_k", [1, 4])

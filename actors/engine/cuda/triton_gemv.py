@@ -112,7 +112,7 @@ def _store_out(acc, bias_ptr, y_ptrs, n, mask, HAS_BIAS: tl.constexpr):
 
 
 @triton.jit
-def _last_of_split(acc, part_ptrs, part_stride, count_ptr, SPLIT_K: tl.constexpr):
+def last_of_split(acc, part_ptrs, part_stride, count_ptr, SPLIT_K: tl.constexpr):
     # (whether this program arrived last, the sum of every split's partial if it did)
     tl.store(part_ptrs + tl.program_id(1) * part_stride, acc)
     tl.debug_barrier()  # every thread's partial is written before the count says so
@@ -192,7 +192,7 @@ def skinny_matmul_kernel(
         _store_out(acc, bias_ptr, y_ptrs, n[None, :], m_ok, HAS_BIAS)
     else:
         part_ptrs = part_ptr + m[:, None] * n_dim + n[None, :]
-        last, acc = _last_of_split(acc, part_ptrs, BLOCK_M * n_dim, count_ptr, SPLIT_K)
+        last, acc = last_of_split(acc, part_ptrs, BLOCK_M * n_dim, count_ptr, SPLIT_K)
         if last:
             _store_out(acc, bias_ptr, y_ptrs, n[None, :], m_ok, HAS_BIAS)
 
@@ -254,6 +254,6 @@ def gemv_kernel(
     if SPLIT_K == 1:
         _store_out(y, bias_ptr, y_ptr + n, n, n < n_dim, HAS_BIAS)
     else:
-        last, y = _last_of_split(y, part_ptr + n, n_dim, count_ptr, SPLIT_K)
+        last, y = last_of_split(y, part_ptr + n, n_dim, count_ptr, SPLIT_K)
         if last:
             _store_out(y, bias_ptr, y_ptr + n, n, n < n_dim, HAS_BIAS)

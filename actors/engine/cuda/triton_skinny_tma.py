@@ -7,7 +7,7 @@ stored) and ``w [N, K]``: program (n-tile, split) reads its ``BLOCK_N x K / SPLI
 slice of the weight through a tensor descriptor (TMA on Hopper, pipelined NUM_STAGES
 deep). With SPLIT_K > 1 the partials meet as in ``triton_gemv``: each program writes its
 float32 partial, counts itself in ``count[n-tile]``, and the last to arrive sums them in
-split order (bits independent of arrival order), writes y and resets the count.
+split order (``triton_gemv.last_of_split``), writes y and resets the count.
 With PDL (``pdl``) each program lets the next kernel launch as it starts and waits for
 the kernel before it before its first load (the pipelined loads of x and the weight are
 not peeled apart).
@@ -15,6 +15,8 @@ not peeled apart).
 
 import triton
 import triton.language as tl
+
+from dynask.actors.engine.cuda.triton_gemv import last_of_split
 
 
 @triton.jit(do_not_specialize=["m_rows"])
@@ -50,12 +52,6 @@ def skinny_tma_kernel(
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m < m_rows)
     else:
         part_ptrs = part_ptr + m * n_dim + n
-        tl.store(part_ptrs + tl.program_id(1) * BLOCK_M * n_dim, acc)
-        tl.debug_barrier()  # every thread's partial is written before the count says so
-        arrived = tl.atomic_add(count_ptr + tl.program_id(0), 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLIT_K - 1:
-            acc = tl.load(part_ptrs, cache_modifier=".cg")  # from L2: other SMs wrote them
-            for s in tl.static_range(1, SPLIT_K):
-                acc += tl.load(part_ptrs + s * BLOCK_M * n_dim, cache_modifier=".cg")
-            tl.atomic_xchg(count_ptr + tl.program_id(0), 0)
+        last, acc = last_of_split(acc, part_ptrs, BLOCK_M * n_dim, count_ptr, SPLIT_K)
+        if last:
             tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m < m_rows)

@@ -18,6 +18,10 @@ Design decisions:
   routed blocks first, as the engine's own LRU would evict them. A prompt's blocks are
   touched last block first, so its leading blocks are the most recent and a prefix is
   forgotten from its tail (the engine, too, evicts tail-first).
+- ``forget`` takes back what was assumed of one block and everything routed below it:
+  the exact index (``PrefixIndex``) calls it when an actor's KV events say the block
+  left its cache, so a prompt routed there before cannot keep claiming a prefix the
+  engine has since evicted (``ModelRouting``'s predicted blocks).
 - The clock is injected (``clock``, or ``now=`` per call) so tests control time.
 """
 
@@ -105,6 +109,31 @@ class ApproxIndex:
         """
         self._expire(self._now(now))
         return self._tree.find_matches(local_hashes)
+
+    def forget(self, actor: str, local_hashes: Sequence[int]) -> None:
+        """Stop assuming ``actor`` holds the block at the end of ``local_hashes`` or any
+        block routed below it (an empty path: all its blocks)."""
+        node = self._tree.root
+        for local_hash in local_hashes:
+            child = node.children.get(local_hash)
+            if child is None or actor not in child.holders:
+                return
+            node = child
+        nodes = self._nodes_of.get(actor)
+        if nodes is None:
+            return
+        dropped: list[_Node] = []
+        stack = [node] if local_hashes else list(node.children.values())
+        while stack:
+            below = stack.pop()
+            if below.holders.pop(actor, None) is not None:
+                nodes.pop(below, None)
+                dropped.append(below)
+                stack.extend(below.children.values())
+        for below in reversed(dropped):  # deepest first: a leaf's pruning walks up
+            self._tree.prune(below)
+        if not nodes:
+            del self._nodes_of[actor]
 
     def remove_actor(self, actor: str) -> None:
         """Forget ``actor``'s blocks (it died or left); a no-op for an unknown actor."""

@@ -22,12 +22,16 @@ Design decisions:
   actor holds a block if any tier holds it; a node counts the actor's sequence hashes
   per tier, and ``find_tiered_matches`` reports each matched block in its fastest tier,
   so the router can credit a host or disk hit below a device hit.
+- ``on_evicted(actor, local_hashes)`` (optional) hears of each block an actor's events
+  take out of its device cache, as the local-hash path from the root (one per run of
+  evicted blocks: the shallowest; an empty path when the whole cache is cleared), so an
+  index of *assumed* blocks (``ModelRouting``'s predicted ones) can forget them too.
 - Pure Python and single-threaded: the control plane's event loop owns the index.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -177,8 +181,13 @@ class _ActorState:
 class PrefixIndex:
     """Which actors hold which prefix blocks, kept current by their KV events."""
 
-    def __init__(self, seed: int = DEFAULT_SEED) -> None:
+    def __init__(
+        self,
+        seed: int = DEFAULT_SEED,
+        on_evicted: Callable[[str, list[int]], None] | None = None,
+    ) -> None:
         self.seed = seed
+        self.on_evicted = on_evicted
         self._tree: RadixTree[list[int]] = RadixTree()
         self._actors: dict[str, _ActorState] = {}
         self._needs_resync: set[str] = set()
@@ -198,9 +207,16 @@ class PrefixIndex:
         if isinstance(event, BlockStored):
             self._store(actor, state, event)
         elif isinstance(event, BlockRemoved):
+            listener = self.on_evicted if event.tier is KVTier.DEVICE else None
+            evicted = self._run_heads(state, event.block_hashes) if listener else []
             self._remove(actor, state, event.block_hashes, event.tier)
+            if listener is not None:
+                for path in evicted:
+                    listener(actor, path)
         elif isinstance(event, AllBlocksCleared):
             self._remove(actor, state, list(state.nodes), event.tier)
+            if self.on_evicted is not None and event.tier is KVTier.DEVICE:
+                self.on_evicted(actor, [])
         else:
             raise ValueError(f"KV event record holds {event!r}; expected a KV event")
         state.expected_event_id = expected + 1
@@ -281,6 +297,12 @@ class PrefixIndex:
                 raise ValueError(f"actor id has value {actor!r}; expected a non-empty string")
             state = self._actors[actor] = _ActorState()
         return state
+
+    def _run_heads(self, state: _ActorState, hashes: Sequence[SequenceHash]) -> list[list[int]]:
+        """For ``on_evicted``: the local-hash path of each run's shallowest block among
+        ``hashes`` (the others of a run are below it)."""
+        nodes = {state.nodes[h] for h in hashes if h in state.nodes}
+        return [self._tree.key_path(node) for node in nodes if node.parent not in nodes]
 
     def _store(self, actor: str, state: _ActorState, event: BlockStored) -> None:
         if event.parent_hash is None:

@@ -69,6 +69,15 @@ class RadixTree(Generic[V]):
             node = child
         return nodes
 
+    def key_path(self, node: RadixNode[V]) -> list[int]:
+        """The local hashes from the root to ``node`` (a walk up: one step per block)."""
+        keys = []
+        while node.parent is not None:
+            keys.append(node.key)
+            node = node.parent
+        keys.reverse()
+        return keys  # type: ignore[return-value]  # only the root has no key
+
     def prune(self, node: RadixNode[V]) -> None:
         """Detach ``node`` and its ancestors while they have no holders and no children."""
         while node.parent is not None and not node.holders and not node.children:

@@ -16,7 +16,10 @@ Design decisions:
   (``ActorLoad``: a request is prefilling its uncached blocks until its first token,
   then decoding all its blocks) and the engines' caches through KV events (blocks
   stored and evicted) that arrive ``event_delay_ms`` after their step; in mode ``kv``
-  a routed prompt's blocks count as held by its actor until then (the predicted blocks).
+  a routed prompt's blocks count as held by its actor for the product's
+  ``--router-predicted-ttl-secs`` (the predicted blocks), or until an event says the
+  actor evicted them (``predictions_outlive_evictions=True``: the whole TTL, as before
+  2026-12-05).
   ``approximate`` reads only where prompts were routed. After a step that advanced a
   prompt's prefill without finishing it the engine reports what is left of it (the
   ``"prefill"`` frames, ``ActorLoad.progress``), ``event_delay_ms`` later too
@@ -64,15 +67,20 @@ class RouterView:
     prefill_blocks: dict[int, int] = field(default_factory=dict)  # request -> uncached blocks
     decode_blocks: dict[int, int] = field(default_factory=dict)  # request -> held blocks
     known: set[BlockKey] = field(default_factory=set)  # from KV events
-    predicted: set[BlockKey] = field(default_factory=set)  # routed, events not yet in
+    predicted: dict[BlockKey, float] = field(default_factory=dict)  # routed: until (ms)
     routed: set[BlockKey] = field(default_factory=set)  # approximate mode's notes
 
-    def overlap(self, keys: Sequence[BlockKey], approximate: bool = False) -> int:
+    def overlap(
+        self, keys: Sequence[BlockKey], approximate: bool = False, now_ms: float = 0.0
+    ) -> int:
         """Leading blocks of ``keys`` held: by the events and the predicted blocks (``kv``),
         or by where prompts were routed (``approximate``)."""
         count = 0
         for key in keys:
-            held = key in self.routed if approximate else key in self.known or key in self.predicted
+            if approximate:
+                held = key in self.routed
+            else:
+                held = key in self.known or self.predicted.get(key, -1.0) >= now_ms
             if not held:
                 break
             count += 1
@@ -96,6 +104,7 @@ class Simulation:
         warm: int = 0,
         config: MockerConfig | None = None,
         prefill_progress: bool = True,
+        predictions_outlive_evictions: bool = False,
     ) -> None:
         self.config = config or MockerConfig(**matched_timing(64))
         self.engines = [SimEngine(f"actor-{i}", self.config, engine_order) for i in range(actors)]
@@ -116,6 +125,8 @@ class Simulation:
         self.requests = list(requests)
         self.warm = warm  # the first ``warm`` requests run but are not measured
         self.prefill_progress = prefill_progress
+        self.predicted_ttl_ms = PRODUCT.predicted_ttl_s * 1000
+        self.predictions_outlive_evictions = predictions_outlive_evictions
         self.now_ms = 0.0
         self._events: list[tuple[float, int, str, int, object]] = []
         self._order = 0
@@ -150,15 +161,18 @@ class Simulation:
         view = self.views[engine]
         view.known.difference_update(removed)
         view.known.update(stored)
-        view.predicted.difference_update(stored)
+        if not self.predictions_outlive_evictions:
+            for key in removed:
+                view.predicted.pop(key, None)
 
     def _arrive(self, seq: SimSequence) -> None:
         choice = self.policy(self, seq)
         engine, view = self.engines[choice], self.views[choice]
-        overlap = view.overlap(seq.keys)
+        overlap = view.overlap(seq.keys, now_ms=self.now_ms)
         uncached_tokens = seq.prompt_tokens - overlap * self.config.block_size
         view.prefill_blocks[seq.index] = -(-uncached_tokens // self.config.block_size)
-        view.predicted.update(seq.keys)
+        until = self.now_ms + self.predicted_ttl_ms
+        view.predicted.update((key, until) for key in seq.keys)
         view.routed.update(seq.keys)
         engine.waiting.append(seq)
         if engine.busy_until is None:
@@ -205,7 +219,7 @@ class Simulation:
     def overlaps(self, seq: SimSequence, approximate: bool) -> dict[str, TierOverlap]:
         out = {}
         for engine, view in zip(self.engines, self.views, strict=True):
-            blocks = view.overlap(seq.keys, approximate)
+            blocks = view.overlap(seq.keys, approximate, self.now_ms)
             if blocks:
                 out[engine.name] = TierOverlap(blocks)
         return out
@@ -295,8 +309,9 @@ POLICIES: dict[str, Callable[[], Policy]] = {
 }
 
 
-# Policies of ours: their engines report prefill progress. Dynamo's router counts a
-# prompt whole until its first token, and round-robin reads no load.
+# Policies of ours: their engines report prefill progress, and an eviction cancels a
+# predicted block. Dynamo's router counts a prompt whole until its first token, and
+# round-robin reads no load.
 OURS = frozenset({"kv", "approximate", "least-loaded"})
 
 
@@ -331,6 +346,12 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="the router counts a prompt's prefill whole until its first token",
     )
+    parser.add_argument(
+        "--predictions-outlive-evictions",
+        action="store_true",
+        help="a routed prompt's blocks count as held for the whole TTL, evicted or not "
+        "(the router before 2026-12-05)",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     trace = load_trace(args.trace)
@@ -339,6 +360,7 @@ def main(argv: list[str] | None = None) -> None:
         warm_requests, measured = warm_and_slice(trace, parse_slice(text), args.warm)
         requests, warm = warm_requests + measured, len(warm_requests)
         progress = not args.no_prefill_progress
+        outlive = args.predictions_outlive_evictions
 
         for speedup in (float(s) for s in args.speedups.split(",")):
             runs = [
@@ -351,6 +373,7 @@ def main(argv: list[str] | None = None) -> None:
                         POLICIES[name](),
                         warm=warm,
                         prefill_progress=progress and name in OURS,
+                        predictions_outlive_evictions=outlive or name not in OURS,
                     ),
                 )
                 for name in args.policies.split(",")
@@ -366,6 +389,7 @@ def main(argv: list[str] | None = None) -> None:
                     max_wait_ms=float(wait) if wait else None,
                     warm=warm,
                     prefill_progress=progress,
+                    predictions_outlive_evictions=outlive,
                 )
                 runs.append((f"kv+queue {setting}", queued))
             for order in filter(None, args.engine_orders.split(",")):
@@ -377,6 +401,7 @@ def main(argv: list[str] | None = None) -> None:
                     engine_order=order,
                     warm=warm,
                     prefill_progress=progress,
+                    predictions_outlive_evictions=outlive,
                 )
                 runs.append((f"kv, engines {order}", reordered))
             for name, simulation in runs:

@@ -20,6 +20,11 @@ Design decisions:
   conversation's cache over several actors. So every ``kv`` decision is also noted in
   ``predicted`` (an ``ApproxIndex`` with a short TTL, ``--router-predicted-ttl-secs``),
   and an actor's overlap is the larger of what its events say and what was routed to it.
+  A block its events say it evicted is forgotten there too (``PrefixIndex.on_evicted``):
+  otherwise a prompt routed while the actor held a prefix kept that prefix "cached" for
+  the whole TTL after the engine evicted it, and the router sent the prefix's next turns
+  (a 191k-token one, in the Mooncake trace) to an actor that must recompute them while
+  counting them as cached in its load.
 - Prompts are hashed in the block size of the model's first event-reporting actor (16
   when there is none). An actor with another block size is still served, but its blocks
   never match the prompt's hashes: its overlap is 0. The index under-reports then; it
@@ -197,7 +202,7 @@ class ModelRouting:
     def __init__(self, model: str, options: RoutingOptions, metrics: ServingMetrics) -> None:
         self.model = model
         self.options = options
-        self.prefix = PrefixIndex()
+        self.prefix = PrefixIndex(on_evicted=self._forget_predicted)
         self.approx = ApproxIndex(
             options.approx_ttl_s, capacity_blocks=options.approx_capacity_blocks
         )
@@ -353,6 +358,10 @@ class ModelRouting:
             self.approx.note_routed(actor, hashes)
         elif mode == KV_MODE and self.predicted is not None:
             self.predicted.note_routed(actor, hashes)
+
+    def _forget_predicted(self, actor: str, local_hashes: list[int]) -> None:
+        if self.predicted is not None:
+            self.predicted.forget(actor, local_hashes)
 
     def _peer_routed(self, actor: str, routing: PeerRouting) -> None:
         """Another control plane routed a request to ``actor``: its handle counts the load;

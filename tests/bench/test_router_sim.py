@@ -208,6 +208,31 @@ def test_the_router_forgets_blocks_the_events_say_were_evicted() -> None:
     assert simulation.views[0].known == set(simulation.engines[0].refs)
 
 
+@pytest.mark.parametrize("outlive", [False, True])
+def test_an_eviction_cancels_a_predicted_block_unless_predictions_outlive_it(
+    outlive: bool,
+) -> None:
+    # As above: r0 was routed (its 4 blocks predicted for the product's 30 s) and then
+    # lost 2 to r1. The next turn of r0's prefix sees the 2 left, or (the router before
+    # 2026-12-05) all 4 until the predictions' TTL ends.
+    trace = [TraceRequest(0.0, 256, 1, (1,)), TraceRequest(1000.0, 256, 1, (2,))]
+    simulation = Simulation(
+        trace,
+        1.0,
+        1,
+        POLICIES["kv"](),
+        event_delay_ms=0.0,
+        config=SMALL,
+        predictions_outlive_evictions=outlive,
+    )
+    simulation.run()
+
+    keys = block_keys(trace[0], SMALL.block_size)
+    view = simulation.views[0]
+    assert view.overlap(keys, now_ms=2_000.0) == (4 if outlive else 2)
+    assert view.overlap(keys, now_ms=30_001.0) == 2  # past the TTL: the events alone
+
+
 def test_warm_requests_run_but_only_the_slice_is_measured() -> None:
     trace = [TraceRequest(0.0, 1024, 1, (1, 2)), TraceRequest(5000.0, 1100, 1, (1, 2, 3))]
     cold = Simulation(trace[1:], 1.0, 1, POLICIES["kv"]())

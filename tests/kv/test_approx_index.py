@@ -146,3 +146,39 @@ def test_the_heap_stays_ordered_over_many_routings_and_expiries() -> None:
     assert index.find_matches([0], now=21.0) == {"w1": 1}
     assert index.find_matches([0], now=22.0) == {}
     assert (index.num_nodes(), len(index._expiries)) == (0, 0)
+
+
+def test_forget_drops_a_block_and_everything_routed_below_it_for_one_actor() -> None:
+    index = ApproxIndex(ttl_s=10)
+    index.note_routed("w0", P, now=0.0)
+    index.note_routed("w0", [11, 12, 77], now=0.0)  # a sibling branch below block 2
+    index.note_routed("w1", P, now=0.0)
+
+    index.forget("w0", P[:2])  # block 2 evicted: 12, 13, 14 and 77 go for w0
+
+    assert index.find_matches(P, now=1.0) == {"w0": 1, "w1": 4}
+    assert index.find_matches([11, 12, 77], now=1.0) == {"w0": 1, "w1": 2}
+    assert (index.num_blocks("w0", now=1.0), index.num_blocks("w1", now=1.0)) == (1, 4)
+    assert index.num_nodes() == 4  # 11, 12, 13, 14 (w1 holds them); 77 pruned
+    # Routing a shorter prefix again does not bring the forgotten tail back.
+    index.note_routed("w0", P[:3], now=2.0)
+    assert index.find_matches(P, now=3.0) == {"w0": 3, "w1": 4}
+    # Their expiries still come due without tripping over the forgotten nodes.
+    assert index.find_matches(P, now=10.5) == {"w0": 3}
+    assert index.find_matches(P, now=12.0) == {}
+    assert (index.num_nodes(), index.actors(now=12.0)) == (0, [])
+
+
+def test_forget_of_what_an_actor_never_held_is_a_no_op_and_an_empty_path_forgets_all() -> None:
+    index = ApproxIndex(ttl_s=10)
+    index.note_routed("w0", P, now=0.0)
+    index.note_routed("w1", P[:2], now=0.0)
+
+    index.forget("w1", P[:3])  # w1 never held block 3
+    index.forget("w2", P[:1])  # unknown actor
+    index.forget("w0", [99])  # unknown path
+    assert index.find_matches(P, now=1.0) == {"w0": 4, "w1": 2}
+
+    index.forget("w0", [])
+    assert index.find_matches(P, now=1.0) == {"w1": 2}
+    assert (index.actors(now=1.0), index.num_nodes()) == (["w1"], 2)

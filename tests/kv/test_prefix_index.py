@@ -28,6 +28,7 @@ from dynask.kv.hashing import (
     local_block_hash,
 )
 from dynask.kv.prefix_index import ApplyStatus, KVCacheDump, PrefixIndex
+from dynask.kv.tier import KVTier
 
 BS = 2  # tokens per block
 
@@ -485,3 +486,24 @@ def test_packed_and_listed_events_agree_with_the_reference(data: st.DataObject) 
                 assert packed.find_matches(path) == listed.find_matches(path)
                 assert packed.find_matches(path) == reference.find_matches(path)
         assert packed.num_nodes() == listed.num_nodes() == reference.num_nodes()
+
+
+def test_on_evicted_hears_each_run_of_device_blocks_leaving_as_its_shallowest_path() -> None:
+    heard: list[tuple[str, list[int]]] = []
+    index = PrefixIndex(on_evicted=lambda actor, path: heard.append((actor, path)))
+    feed = Feeder(index)
+    chain = [1, 2, 3, 4, 5, 6, 7, 8]  # four blocks
+    event = stored(chain)
+    feed.send("w0", event)
+    local = locals_of(chain)
+
+    feed.send("w0", BlockRemoved(event.block_hashes[2:][::-1]))  # the tail, as engines evict
+    assert heard == [("w0", local[:3])]
+    assert index.find_matches(local) == {"w0": 2}
+
+    heard.clear()
+    feed.send("w0", BlockRemoved(event.block_hashes[:2], tier=KVTier.HOST))  # not device
+    feed.send("w0", BlockRemoved((SequenceHash(12345),)))  # a block it never held
+    assert heard == []
+    feed.send("w0", AllBlocksCleared())
+    assert heard == [("w0", [])]

@@ -10,9 +10,11 @@ from __future__ import annotations
 from dynask.control_plane.routing.model_routing import ModelRouting, RoutingOptions
 from dynask.control_plane.serving.actor_handle import ActorHandle
 from dynask.control_plane.serving.metrics import ServingMetrics
+from dynask.kv.events import BlockRemoved, BlockStored, KVEventRecord
+from dynask.kv.hashing import SequenceHash
 from dynask.kv.prefix_index import TierOverlap
 from tests.control_plane.routing.replica_script import NAMES, unconnected_handle
-from tests.control_plane.routing_stack import tokens
+from tests.control_plane.routing_stack import BLOCK, tokens
 
 
 def _handles(kv_events: bool = True) -> list[ActorHandle]:
@@ -95,3 +97,24 @@ def test_the_approximate_capacity_forgets_least_recent_blocks_per_actor() -> Non
     hashes = routing.local_hashes
     assert routing.find_tiered_matches(hashes(a), approximate=True) == {"a0": TierOverlap(2)}
     assert routing.find_tiered_matches(hashes(b), approximate=True) == {"a0": TierOverlap(4)}
+
+
+def test_a_prefix_its_events_say_was_evicted_stops_counting_though_it_was_routed() -> None:
+    # The Mooncake trace's long conversations: turn 2 is routed to the actor whose events
+    # show turn 1's prefix (and noted as predicted there); that actor then evicts the
+    # prefix's tail. Turn 3 must see only what is left, not turn 2's routing for 30 s.
+    routing = ModelRouting("m", RoutingOptions(seed=1), ServingMetrics())
+    handles = _handles()
+    prefix = tokens(seed=8, blocks=10)
+    holder = handles[2].name
+    names = tuple(SequenceHash(1000 + i) for i in range(10))
+    stored = BlockStored.from_token_ids(names, None, tuple(prefix), BLOCK)
+    routing.prefix.apply(holder, KVEventRecord(1, stored))
+
+    turn2 = routing.choose("r2", prefix + tokens(seed=9, blocks=1), handles)
+    assert turn2.actor.name == holder and turn2.expected_cached_tokens == 10 * BLOCK
+
+    routing.prefix.apply(holder, KVEventRecord(2, BlockRemoved(names[4:][::-1])))
+    assert routing.find_matches(routing.local_hashes(prefix)) == {holder: 4}
+    turn3 = routing.choose("r3", prefix + tokens(seed=10, blocks=1), handles)
+    assert _overlaps(turn3.decision.scores) == {n: 4 if n == holder else 0 for n in NAMES}

@@ -101,6 +101,6 @@ def launch(
         TensorDescriptor.from_tensor(weight, [tile.block_n, tile.block_k]),
         out, part, count, rows, n, k, BLOCK_M=BLOCK_M, BLOCK_N=tile.block_n,
         BLOCK_K=tile.block_k, SPLIT_K=tile.split_k, NUM_STAGES=tile.num_stages,
-        num_warps=tile.num_warps, **pdl.options(x.device),
+        IEEE=x.dtype == torch.float32, num_warps=tile.num_warps, **pdl.options(x.device),
     )  # fmt: skip
     return out

@@ -34,6 +34,7 @@ def skinny_tma_kernel(
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    IEEE: tl.constexpr,  # float32 in full precision (tl.dot's default is TF32 on a GPU)
     PDL: tl.constexpr,
 ):
     if PDL:
@@ -44,7 +45,12 @@ def skinny_tma_kernel(
     k_first = tl.program_id(1) * k_len
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in tl.range(k_first, k_first + k_len, BLOCK_K, num_stages=NUM_STAGES):
-        acc = tl.dot(x_desc.load([0, k]), w_desc.load([off_n, k]).T, acc)
+        if IEEE:
+            acc = tl.dot(
+                x_desc.load([0, k]), w_desc.load([off_n, k]).T, acc, input_precision="ieee"
+            )
+        else:
+            acc = tl.dot(x_desc.load([0, k]), w_desc.load([off_n, k]).T, acc)
     m = tl.arange(0, BLOCK_M)[:, None]
     n = off_n + tl.arange(0, BLOCK_N)[None, :]
     y_ptrs = y_ptr + m * n_dim + n

@@ -194,9 +194,14 @@ def _split_buffers(
         part, count = _splits[device]
         if part.numel() >= floats and count.numel() >= tiles:
             return part, count
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("split-K buffers must be sized before a CUDA-graph capture")
-        _outgrown.append((part, count))
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        # Made inside a capture they would come from the graph's private pool (which its
+        # replays reuse) with their zeroing recorded, not run: eager launches after it
+        # would then read garbage counts and write over the graph's tensors.
+        raise RuntimeError("split-K buffers must be sized before a CUDA-graph capture")
+    if device in _splits:
+        _outgrown.append(_splits[device])
+        part, count = _splits[device]
         floats, tiles = max(floats, part.numel()), max(tiles, count.numel())
     part = torch.empty(floats, dtype=torch.float32, device=device)
     count = torch.zeros(tiles, dtype=torch.int32, device=device)

@@ -158,12 +158,13 @@ class MLP(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(self(norm(x + residual)), x + residual)`` on the CUDA fast paths: at small
         batch the norm may run inside gate|up and SiLU·mul inside down
-        (``skinny_matmul``); at many rows SiLU·mul inside gate|up (``gated_gemm``)."""
+        (``skinny_matmul``); from 33 rows SiLU·mul inside gate|up (``gated_gemm``), where
+        its start-up timing kept it."""
         tile = gated_gemm.tile_for(x, self.gate_up_proj)
         if tile is not None:
             normed, residual = norm.add_norm(x, residual)
             act = gated_gemm.launch(normed, self.gate_up_proj.weight, tile)
-            return self.down_proj(act), residual
+            return skinny_matmul.linear(act, self.down_proj), residual
         gate_up, residual = norm.add_norm_linear(x, residual, self.gate_up_proj)
         return skinny_matmul.gated_linear(gate_up, self.down_proj), residual
 

@@ -1,4 +1,4 @@
-"""The MLP's up projection with SiLU·mul in its epilogue, for many rows (prefill, batch 256).
+"""The MLP's up projection with SiLU·mul in its epilogue, from 33 rows (prefill, batch 64+).
 
 An 8,192-token prefill of an 8B Llama spends ~5 ms of its ~212 ms on the H200 in
 ``silu_and_mul``: it reads the ``[8192, 2 x 14336]`` gate|up output (470 MB) and writes
@@ -9,7 +9,13 @@ unfused ops round. It pays only where the GEMM keeps up with cuBLAS's, which is 
 start-up per row bucket (``decide``, ``tile_for``), on the GPU at hand, against
 ``F.linear`` then ``silu_and_mul``. On the H200 it ran 0.93x of that pair's time at
 8,192 rows and 0.91x at 2,048 (``bench.engine.gated_gemm``), bit for bit the same
-output there.
+output there. At 33-64 rows (batch 64's decode) it competes with 64-row tiles, one
+program per output tile; on an H100 the best took 0.95x of the pair's time
+(``bench.engine.skinny_tma``). There the down projection after it still goes through
+the skinny chooser (``skinny_matmul.linear``), so fusing SiLU·mul upstream never costs
+down its own fast kernel; the timing compares gate|up alone, against cuBLAS + the
+unfused SiLU·mul, and may favour the fused GEMM by the few microseconds a down kernel
+with SiLU·mul inside (``skinny_matmul.gated_linear``) would have saved.
 """
 
 from __future__ import annotations
@@ -36,11 +42,12 @@ class GatedTile:
     num_warps: int = 8
     num_stages: int = 3
     group_m: int = 8
+    persistent: bool = True  # one program per SM walking the tiles; False: one per tile
 
     def __str__(self) -> str:
         return (
             f"{self.block_m}x{self.block_n}x{self.block_k} w{self.num_warps} "
-            f"s{self.num_stages} g{self.group_m}"
+            f"s{self.num_stages} g{self.group_m}{'' if self.persistent else ' grid'}"
         )
 
     def fits(self, n: int, k: int) -> bool:
@@ -77,8 +84,8 @@ def _descriptor_ready(t: torch.Tensor) -> bool:
 def launch(
     x: torch.Tensor, weight: torch.Tensor, tile: GatedTile, programs: int = 0
 ) -> torch.Tensor:
-    """``silu(x @ weight[:N]^T) * (x @ weight[N:]^T)`` for ``weight [2N, K]``, persistent
-    over ``programs`` programs (0: one per SM)."""
+    """``silu(x @ weight[:N]^T) * (x @ weight[N:]^T)`` for ``weight [2N, K]``, over
+    ``programs`` programs (0: the tile's way, one per SM or one per output tile)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     from dynask.actors.engine.cuda import triton_gated_gemm
@@ -89,8 +96,10 @@ def launch(
         raise ValueError(f"tile {tile} does not fit a gate|up weight of {tuple(weight.shape)}")
     out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
     tiles = -(-rows // tile.block_m) * (n // tile.block_n)
-    if programs == 0:
+    if programs == 0 and tile.persistent:
         programs = torch.cuda.get_device_properties(x.device).multi_processor_count
+    elif programs == 0:
+        programs = tiles
     programs = min(programs, tiles)
     triton_gated_gemm.gated_gemm_kernel[(programs,)](
         TensorDescriptor.from_tensor(x, [tile.block_m, tile.block_k]),
@@ -107,7 +116,15 @@ def launch(
 # bench.engine.gated_gemm: 0.93x of cuBLAS + silu_and_mul at 8,192 rows, 0.91x at 2,048,
 # 0.97x at 256); which one wins here, or the unfused pair, is timed per GPU.
 CANDIDATES = (GatedTile(128, 128, 64, 8, 3), GatedTile(128, 128, 64, 8, 4, group_m=16))
-MIN_ROWS = 128  # below: the skinny path (skinny_matmul) or cuBLAS
+# For the 33-64-row bucket (batch 64's decode): the best two of a sweep on an H100
+# (bench.engine.skinny_tma --rows 64, 2026-12-05: 0.948x and 0.995x of cuBLAS +
+# silu_and_mul), one program per tile: 224 tiles at 64 rows fill 132 SMs better than a
+# persistent walk did (1.01-1.02x there).
+SMALL_CANDIDATES = (
+    GatedTile(64, 64, 128, num_warps=4, num_stages=3, persistent=False),
+    GatedTile(64, 32, 128, num_warps=4, num_stages=4, persistent=False),
+)
+MIN_ROWS = 33  # below: the skinny GEMVs (skinny_matmul) or cuBLAS
 MARGIN = 0.97  # the fused GEMM is kept only when it takes at most this share of the pair's time
 
 _choices: dict[tuple[object, ...], GatedTile | None] = {}
@@ -130,7 +147,8 @@ def tile_for(x: torch.Tensor, layer: nn.Linear) -> GatedTile | None:
     if key not in _choices:
         if torch.cuda.is_current_stream_capturing():
             return None
-        tiles = [t for t in CANDIDATES if t.fits(n, k)]
+        offered = SMALL_CANDIDATES if key[0] <= 64 else CANDIDATES
+        tiles = [t for t in offered if t.fits(n, k)]
         _choices[key] = kernel_chooser.fastest(
             tiles,
             lambda w: fused_ops.silu_and_mul(F.linear(x, w)),
@@ -146,7 +164,7 @@ def decide(layer: nn.Linear, max_rows: int) -> None:
     """Times every row bucket up to ``max_rows`` now (start-up), so that no request's step
     waits for a timing; on random input (zeros draw less power and run faster)."""
     weight = layer.weight
-    rows = MIN_ROWS
+    rows = row_bucket(MIN_ROWS)
     while max_rows >= MIN_ROWS and rows // 2 < max_rows:  # the bucket holds rows/2+1 .. rows
         x = torch.randn((rows, weight.shape[1]), device=weight.device, dtype=weight.dtype)
         tile_for(x, layer)

@@ -81,10 +81,52 @@ def test_start_up_decides_every_bucket_up_to_the_step_budget(
     monkeypatch.setattr(gated_gemm, "tile_for", lambda x, layer: timed.append(x.shape))
     layer = nn.Linear(32, 64, bias=False)
     gated_gemm.decide(layer, 2000)
-    assert timed == [(128, 32), (256, 32), (512, 32), (1024, 32), (2048, 32)]
+    assert timed == [(64, 32), (128, 32), (256, 32), (512, 32), (1024, 32), (2048, 32)]
     timed.clear()
-    gated_gemm.decide(layer, 100)  # below MIN_ROWS: nothing to decide
+    gated_gemm.decide(layer, 40)  # 33-64 rows: one bucket
+    assert timed == [(64, 32)]
+    timed.clear()
+    gated_gemm.decide(layer, 32)  # below MIN_ROWS: nothing to decide
     assert timed == []
+
+
+def test_the_64_row_bucket_offers_the_small_tiles_and_larger_ones_the_large(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    offered: dict[int, list[GatedTile]] = {}
+
+    def fastest(tiles: list[GatedTile], *args: object) -> None:
+        offered[rows] = list(tiles)
+
+    monkeypatch.setattr(gated_gemm.kernel_chooser, "fastest", fastest)
+    monkeypatch.setattr(gated_gemm.kernel_chooser, "cold_copies", lambda weight: [weight])
+    monkeypatch.setattr(gated_gemm, "eligible", lambda x, layer: True)
+    monkeypatch.setattr(gated_gemm, "_choices", {})
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    layer = nn.Linear(4096, 2 * 14336, bias=False, device="meta", dtype=torch.bfloat16)
+    for rows in (32, 33, 64, 65, 256):
+        gated_gemm.tile_for(torch.empty((rows, 4096), device="meta", dtype=torch.bfloat16), layer)
+    assert offered == {
+        33: list(gated_gemm.SMALL_CANDIDATES),  # 64 rows then share 33's choice
+        65: list(gated_gemm.CANDIDATES),
+        256: list(gated_gemm.CANDIDATES),
+    }
+    assert all(not t.persistent and t.block_m == 64 for t in gated_gemm.SMALL_CANDIDATES)
+
+
+def test_a_grid_tile_runs_one_program_per_output_tile() -> None:
+    device = _kernel_device()
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    tile = GatedTile(16, 16, 32, num_warps=4, num_stages=1, group_m=2, persistent=False)
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randn((40, 128), generator=generator).to(device, dtype)
+    weight = (torch.randn((128, 128), generator=generator) / 8).to(device, dtype)
+    gate_up = F.linear(x.float(), weight.float())
+    expected = F.silu(gate_up[:, :64]) * gate_up[:, 64:]
+    got = gated_gemm.launch(x, weight, tile)  # programs=0: 3 x 4 tiles, no SM count asked
+    tolerance = 1e-4 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(got.float().cpu(), expected.cpu(), atol=tolerance, rtol=tolerance)
+    assert str(tile) == "16x16x32 w4 s1 g2 grid"
 
 
 def test_few_rows_or_a_cpu_never_time_anything(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -97,8 +139,9 @@ def test_few_rows_or_a_cpu_never_time_anything(monkeypatch: pytest.MonkeyPatch) 
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused path runs on CUDA")
+@pytest.mark.parametrize("rows", [300, 48])  # 48: the down projection through the skinny path
 def test_the_mlp_takes_the_fused_gemm_where_it_was_chosen(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, rows: int
 ) -> None:
     from dynask.actors.engine.model import MLP, RMSNorm
 
@@ -106,7 +149,7 @@ def test_the_mlp_takes_the_fused_gemm_where_it_was_chosen(
     torch.manual_seed(0)
     mlp = MLP(cast(Any, shape)).to("cuda", torch.bfloat16)
     norm = RMSNorm(256, 1e-6).to("cuda", torch.bfloat16)
-    x = torch.randn((300, 256), device="cuda", dtype=torch.bfloat16)
+    x = torch.randn((rows, 256), device="cuda", dtype=torch.bfloat16)
     residual = torch.randn_like(x)
     monkeypatch.setattr(gated_gemm, "tile_for", lambda x, layer: None)
     unfused, unfused_res = mlp.fast_forward(x, residual, norm)

@@ -34,7 +34,7 @@ fi
 DYNASK_TEST_DEVICE=cuda timeout ${TESTS_TIMEOUT:-150} python3 -m pytest -q -p no:cacheprovider \
     tests/actors/engine/test_gated_gemm.py tests/actors/engine/test_cuda_fast_paths.py tests/actors/engine/test_skinny_tma.py \
     tests/actors/engine/test_skinny_matmul.py tests/actors/engine/test_pdl.py 2>&1 \
-    | tail -n 8 > "$OUT/tests-gated.log"
+    | tail -n 60 > "$OUT/tests-gated.log"
 tail -n 3 "$OUT/tests-gated.log"
 for round in $(seq "${ROUNDS:-1}"); do
     TAG=gated-r$round BATCHES=1,64,256 SIDE_TIMEOUT=${SIDE_TIMEOUT:-200} \

@@ -6,7 +6,7 @@
 # against each tile at ROWS rows, default 256,2048,8192).
 # skinny: bench.engine.skinny_tma (decode projections at ROWS rows, default 64: cuBLAS
 # against TMA skinny GEMMs and the fused gate|up GEMM's 64-row tiles).
-# compare: the CUDA tests that cover it (the kernel, the fast paths, the skinny chooser,
+# compare: the CUDA tests that cover it (TESTS, default below) (the kernel, the fast paths, the skinny chooser,
 # PDL's bf16 equality), then bench/h200_compare.sh against the tree unpacked in base/
 # (`git archive COMMIT | tar x -C base`, carried): decode at batch 1, 64, 256 and an
 # 8,192-token prefill, ROUNDS times (default 1). Logs and JSON go to $OUT.
@@ -31,9 +31,9 @@ if [[ ${1:-sweep} == sweep ]]; then
     cat "$OUT/gated.log"
     exit
 fi
-DYNASK_TEST_DEVICE=cuda timeout ${TESTS_TIMEOUT:-150} python3 -m pytest -q -p no:cacheprovider \
-    tests/actors/engine/test_gated_gemm.py tests/actors/engine/test_cuda_fast_paths.py tests/actors/engine/test_skinny_tma.py \
-    tests/actors/engine/test_skinny_matmul.py tests/actors/engine/test_pdl.py 2>&1 \
+TESTS=${TESTS:-"tests/actors/engine/test_gated_gemm.py tests/actors/engine/test_cuda_fast_paths.py
+  tests/actors/engine/test_skinny_tma.py tests/actors/engine/test_skinny_matmul.py tests/actors/engine/test_pdl.py"}
+DYNASK_TEST_DEVICE=cuda timeout ${TESTS_TIMEOUT:-150} python3 -m pytest -q -rf -p no:cacheprovider $TESTS 2>&1 \
     | tail -n 60 > "$OUT/tests-gated.log"
 tail -n 3 "$OUT/tests-gated.log"
 for round in $(seq "${ROUNDS:-1}"); do

@@ -9,7 +9,7 @@
 # compare: the CUDA tests that cover it (TESTS, default below) (the kernel, the fast paths, the skinny chooser,
 # PDL's bf16 equality), then bench/h200_compare.sh against the tree unpacked in base/
 # (`git archive COMMIT | tar x -C base`, carried): decode at batch 1, 64, 256 and an
-# 8,192-token prefill, ROUNDS times (default 1). Logs and JSON go to $OUT.
+# 8,192-token prefill, ROUNDS times (default 1), MORE arguments to both. Logs and JSON go to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -38,7 +38,7 @@ DYNASK_TEST_DEVICE=cuda timeout ${TESTS_TIMEOUT:-150} python3 -m pytest -q -rf -
 tail -n 3 "$OUT/tests-gated.log"
 for round in $(seq "${ROUNDS:-1}"); do
     TAG=gated-r$round BATCHES=1,64,256 SIDE_TIMEOUT=${SIDE_TIMEOUT:-200} \
-        EXTRA="--prefill-lens 8192" bash bench/h200_compare.sh base throughput > /dev/null 2>&1
+        EXTRA="--prefill-lens 8192 ${MORE:-}" bash bench/h200_compare.sh base throughput > /dev/null 2>&1
     for side in base new; do
         echo "== round $round $side"
         tail -n 30 "$OUT/compare-gated-r$round-$side.log"

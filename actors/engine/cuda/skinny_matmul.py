@@ -16,12 +16,16 @@ bound by reading the weights, so:
   kernels round: ``norm_linear`` (add + RMSNorm, then q|k|v or gate|up; program 0 writes
   the new residual) and ``gated_linear`` (SiLU(gate)·up, then down).
 * Which is faster depends on the shape, the row count and the GPU, and cannot be known
-  without one: the first eager call of each (rows, shape, dtype, prologue) times the
+  without one: the first eager call of each (row bucket, shape, dtype, prologue) times the
   unfused ops (cuBLAS plus the small kernel) against the fused kernel on a few tiles and
   keeps the fastest; Triton only wins by a margin (3%). How it times, and which
   candidates it drops first (failing to run, or output not the unfused ops'), is
   ``kernel_chooser``'s. During CUDA-graph capture nothing is timed: an undecided shape
   takes the unfused ops (the runner's warm-up before each capture decides it first).
+  The row buckets are the decode graphs' batch sizes (``row_bucket``: 1, 2, 4, then
+  multiples of 8), so an eager step of any row count (a mixed step: a prompt's last
+  chunk beside decodes) finds its choice made at start-up instead of timing ~10
+  candidates, compiles included, inside a request's step once per row count.
 * At 17..64 rows the candidates also include ``skinny_tma``'s GEMM (weights through
   tensor descriptors, no prologue inside: the small kernel runs first), for bias-free
   layers.
@@ -103,6 +107,12 @@ class Norm:
     eps: float
     residual: torch.Tensor | None  # None: the norm of x alone
     summed: torch.Tensor | None = None  # where x + residual goes (program 0 writes it)
+
+
+def row_bucket(rows: int) -> int:
+    """The rows a choice is made for: 1, 2, 4, else the next multiple of 8 (the decode
+    graphs' batch sizes up to 64); a bucket never mixes ``dot_rows``' two variants."""
+    return rows if rows <= 2 else 4 if rows <= 4 else -(-rows // 8) * 8
 
 
 def dot_rows(rows: int) -> int:
@@ -289,7 +299,7 @@ def _tile_for(
     x: torch.Tensor, layer: nn.Linear, kind: str, unfused: Unfused, fused: Fused
 ) -> Tile | TmaTile | None:
     """The tile to run ``layer`` on ``x`` with (None: the unfused torch ops), timed once
-    per (rows, shape, dtype, kind): ``unfused`` against ``fused`` on each tile."""
+    per (row bucket, shape, dtype, kind): ``unfused`` against ``fused`` on each tile."""
     weight = layer.weight
     rows = x.shape[0] if x.dim() == 2 else 0
     if (
@@ -302,7 +312,7 @@ def _tile_for(
     ):
         return None
     n, k = weight.shape
-    key = (rows, n, k, x.dtype, kind, layer.bias is not None, x.device)
+    key = (row_bucket(rows), n, k, x.dtype, kind, layer.bias is not None, x.device)
     if key not in _choices:
         if torch.cuda.is_current_stream_capturing():
             return None  # nothing can be timed inside a capture: cuBLAS

@@ -190,3 +190,16 @@ def test_tiny_llama_with_every_projection_in_triton_matches_hf(
     reference = hf_model(tiny_llama_folder)
     assert ours == [hf_greedy(reference, p, 6) for p in prompts]
     assert kinds == {"plain", "gated", "norm", "norm+residual"}
+
+
+def test_row_buckets_are_the_decode_graphs_batch_sizes() -> None:
+    from dynask.actors.engine.cuda.step import decode_buckets
+
+    got = [skinny_matmul.row_bucket(r) for r in (1, 2, 3, 4, 5, 8, 9, 16, 17, 24, 25, 60, 64)]
+    assert got == [1, 2, 4, 4, 8, 8, 16, 16, 24, 24, 32, 64, 64]
+    graphs = [b for b in decode_buckets(256) if b <= skinny_matmul.MAX_ROWS]
+    assert [skinny_matmul.row_bucket(b) for b in graphs] == graphs  # each graph its own bucket
+    for rows in range(2, skinny_matmul.MAX_ROWS + 1):  # a bucket keeps its tl.dot variant
+        assert skinny_matmul.dot_rows(skinny_matmul.row_bucket(rows)) == skinny_matmul.dot_rows(
+            rows
+        )

@@ -13,6 +13,7 @@ is read as the engine reads it, so running it twice separates PDL from the kerne
 
 from __future__ import annotations
 
+import importlib
 import os
 import tempfile
 from pathlib import Path
@@ -25,15 +26,18 @@ from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.engine import loader
 from dynask.actors.engine.cuda import skinny_matmul, skinny_tma
 from dynask.actors.engine.cuda.skinny_tma import TmaTile
-from tests.actors.engine.helpers import hf_greedy, hf_model, make_engine, prompts_of_lengths
-from tests.conftest import TINY_SHAPE, _save_tiny_model
+
+# The tests' helpers, imported by name: mypy checks the package and bench/, not tests/.
+helpers: Any = importlib.import_module("tests.actors.engine.helpers")
+conftest: Any = importlib.import_module("tests.conftest")
 
 
 def main() -> None:
     from transformers import LlamaConfig
 
-    config = LlamaConfig(**TINY_SHAPE, rope_theta=10000.0, tie_word_embeddings=False)
-    folder = _save_tiny_model(
+    shape = dict(conftest.TINY_SHAPE, rope_theta=10000.0, tie_word_embeddings=False)
+    config = LlamaConfig(**shape)  # as the tests' tiny_llama_folder
+    folder = conftest._save_tiny_model(
         config, Path(os.environ["DYNASK_TEST_TOKENIZER"]), Path(tempfile.mkdtemp())
     )
     checks: list[dict[str, Any]] = []
@@ -64,16 +68,17 @@ def main() -> None:
     skinny_tma.launch = checked  # type: ignore[assignment]
     skinny_matmul._tile_for = forced  # type: ignore[assignment]
     loader._column_major_projections = lambda model: None  # type: ignore[assignment]
-    engine = make_engine(folder, max_num_batched_tokens=48)
-    engine.parts.runner.model.use_skinny_projections()
-    for module in engine.parts.runner.model.modules():  # as the test: misaligned ones only
+    engine = helpers.make_engine(folder, max_num_batched_tokens=48)
+    model = engine.parts.runner.model
+    model.use_skinny_projections()
+    for module in model.modules():  # as the test: misaligned ones only
         if isinstance(module, nn.Linear) and module.weight.data_ptr() % 16:
             module.weight.data = module.weight.data.clone()
-    prompts = prompts_of_lengths([20, 41, 30], seed=4)
+    prompts = helpers.prompts_of_lengths([20, 41, 30], seed=4)
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     ours = [s.token_ids for s in engine.generate(prompts, params)]
-    reference = hf_model(folder)
-    theirs = [hf_greedy(reference, p, 4) for p in prompts]
+    reference = helpers.hf_model(folder)
+    theirs = [helpers.hf_greedy(reference, p, 4) for p in prompts]
     print(f"DYNASK_PDL={os.environ.get('DYNASK_PDL', '1')}: {len(checks)} TMA launches")
     bad = [c for c in checks if c["max_diff"] > 1e-3 * max(c["scale"], 1.0) or c["nan_out"]]
     bad += [c for c in checks if c["counts_left"] and c not in bad]

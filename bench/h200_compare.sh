@@ -7,7 +7,8 @@
 # throughput: bench.engine.throughput at batches 1,64,256 (a base from before bench/ became
 # a package runs its bench/engine.py); mixed: bench.engine.mixed_load at 64 clients.
 # EXTRA adds arguments to both sides; TAG names the output files (default: the mode);
-# SIDE_TIMEOUT bounds each side (default 150 s).
+# SIDE_TIMEOUT bounds each side (default 150 s); REPEATS runs per batch, the best kept
+# (default 2: the first run after start-up carries one-time costs, Triton compiles).
 set -uo pipefail
 base=${1:-base}
 what=${2:-throughput}
@@ -17,7 +18,7 @@ for d in kv actors control_plane web migrations; do ln -sfn "$PWD/$base/$d" /tmp
 if [[ $what == throughput ]]; then
     args=(--device cuda --random-model llama-8b --batches "${BATCHES:-1,64,256}" --prompt-len 512
           --new-tokens 128 --max-batched-tokens 8192 --gpu-memory-utilization 0.55
-          --ttft-prompt-len 512 --ttft-trials 1 --skip-hf)
+          --ttft-prompt-len 512 --ttft-trials 1 --skip-hf --repeats "${REPEATS:-2}")
     module=(-m bench.engine.throughput)
     [[ -f $base/bench/engine.py ]] && base_module=(bench/engine.py) || base_module=("${module[@]}")
 else

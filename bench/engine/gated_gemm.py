@@ -29,18 +29,18 @@ from dynask.actors.engine.cuda import fused_ops, gated_gemm
 from dynask.actors.engine.cuda.gated_gemm import GatedTile
 
 HIDDEN, INTERMEDIATE = 4096, 14336
-# (kernel, tile): "tma" persistent over one program per SM, "tma-grid" one program per
+# The tiles, persistent over one program per SM or (``persistent=False``) one program per
 # tile. (Loads through pointers instead of tensor descriptors, a kernel since removed, ran
 # 1.25-1.28x the unfused pair's time at 8,192 rows: engine-h200-gated-sweep-pointers.log.)
 VARIANTS = (
-    ("tma", GatedTile(128, 128, 64, 8, 3)),
-    ("tma", GatedTile(128, 128, 64, 8, 4)),
-    ("tma", GatedTile(128, 64, 64, 4, 4)),
-    ("tma", GatedTile(128, 64, 64, 8, 4)),
-    ("tma", GatedTile(64, 128, 64, 4, 4)),
-    ("tma", GatedTile(128, 128, 64, 8, 4, group_m=16)),
-    ("tma-grid", GatedTile(128, 128, 64, 8, 4)),
-    ("tma-grid", GatedTile(128, 64, 64, 8, 4)),
+    GatedTile(128, 128, 64, 8, 3),
+    GatedTile(128, 128, 64, 8, 4),
+    GatedTile(128, 64, 64, 4, 4),
+    GatedTile(128, 64, 64, 8, 4),
+    GatedTile(64, 128, 64, 4, 4),
+    GatedTile(128, 128, 64, 8, 4, group_m=16),
+    GatedTile(128, 128, 64, 8, 4, persistent=False),
+    GatedTile(128, 64, 64, 8, 4, persistent=False),
 )
 ROUNDS = 5
 
@@ -75,9 +75,9 @@ def measure(x: torch.Tensor, weight: torch.Tensor) -> dict[str, Any]:
     expected = fused_ops.silu_and_mul(F.linear(x, weight))
     runs: dict[str, Any] = {"unfused": lambda: fused_ops.silu_and_mul(F.linear(x, weight))}
     checks = {}
-    for kind, tile in VARIANTS:
-        name = f"{kind} {tile}"
-        run = _runner(kind, x, weight, tile)
+    for tile in VARIANTS:
+        name = f"tma {tile}"
+        run = _runner(x, weight, tile)
         try:
             got = run()
             torch.cuda.synchronize()
@@ -110,9 +110,8 @@ def measure(x: torch.Tensor, weight: torch.Tensor) -> dict[str, Any]:
             "repeat": repeat, "tiles": tiles}  # fmt: skip
 
 
-def _runner(kind: str, x: torch.Tensor, weight: torch.Tensor, tile: GatedTile) -> Any:
-    programs = 0 if kind == "tma" else 1 << 30  # every tile its own program
-    return lambda: gated_gemm.launch(x, weight, tile, programs)
+def _runner(x: torch.Tensor, weight: torch.Tensor, tile: GatedTile) -> Any:
+    return lambda: gated_gemm.launch(x, weight, tile)
 
 
 def _once(run: Any) -> float:

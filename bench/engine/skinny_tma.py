@@ -60,12 +60,12 @@ def tma_tiles(n: int, k: int) -> list[TmaTile]:
 
 
 GATED_TILES = (
-    (GatedTile(64, 32, 64, 4, 4), "grid"),
-    (GatedTile(64, 32, 128, 4, 4), "grid"),
-    (GatedTile(64, 64, 64, 4, 4), "grid"),
-    (GatedTile(64, 64, 128, 4, 3), "grid"),
-    (GatedTile(64, 32, 128, 4, 4), "persistent"),
-    (GatedTile(64, 64, 64, 4, 4), "persistent"),
+    GatedTile(64, 32, 64, 4, 4, persistent=False),
+    GatedTile(64, 32, 128, 4, 4, persistent=False),
+    GatedTile(64, 64, 64, 4, 4, persistent=False),
+    GatedTile(64, 64, 128, 4, 3, persistent=False),
+    GatedTile(64, 32, 128, 4, 4),
+    GatedTile(64, 64, 64, 4, 4),
 )
 
 
@@ -105,9 +105,8 @@ def _gated(rows: int, bandwidth: float) -> dict[str, Any]:
     weight = torch.randn(2 * INTERMEDIATE, HIDDEN, device="cuda", dtype=torch.bfloat16) * 0.02
     x = torch.randn(rows, HIDDEN, device="cuda", dtype=torch.bfloat16)
     runs: dict[str, Callable[[torch.Tensor], object]] = {}
-    for tile, kind in GATED_TILES:
-        programs = 0 if kind == "persistent" else 1 << 30
-        runs[f"gated {kind} {tile}"] = partial(_run_gated, x, tile, programs)
+    for tile in GATED_TILES:
+        runs[f"gated {tile}"] = partial(_run_gated, x, tile)
     return _measure(rows, "gate|up+silu", weight, partial(_cublas_gated, x), runs, bandwidth)
 
 
@@ -119,8 +118,8 @@ def _run_engine_tile(x: torch.Tensor, tile: skinny_matmul.Tile, weight: torch.Te
     return skinny_matmul.launch(x, weight, None, tile)
 
 
-def _run_gated(x: torch.Tensor, tile: GatedTile, programs: int, weight: torch.Tensor) -> object:
-    return gated_gemm.launch(x, weight, tile, programs)
+def _run_gated(x: torch.Tensor, tile: GatedTile, weight: torch.Tensor) -> object:
+    return gated_gemm.launch(x, weight, tile)
 
 
 def _cublas_gated(x: torch.Tensor, weight: torch.Tensor) -> object:

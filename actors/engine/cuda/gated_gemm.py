@@ -143,11 +143,12 @@ def tile_for(x: torch.Tensor, layer: nn.Linear) -> GatedTile | None:
         return None
     weight = layer.weight
     n, k = weight.shape[0] // 2, weight.shape[1]
-    key = (row_bucket(x.shape[0]), n, k, x.dtype, x.device)
+    bucket = row_bucket(x.shape[0])
+    key = (bucket, n, k, x.dtype, x.device)
     if key not in _choices:
         if torch.cuda.is_current_stream_capturing():
             return None
-        offered = SMALL_CANDIDATES if key[0] <= 64 else CANDIDATES
+        offered = SMALL_CANDIDATES if bucket <= 64 else CANDIDATES
         tiles = [t for t in offered if t.fits(n, k)]
         _choices[key] = kernel_chooser.fastest(
             tiles,

@@ -1,0 +1,154 @@
+"""The GPU's clocks and power while a benchmark runs, summarised per phase.
+
+``nvidia-smi`` samples the SM clock, power draw and the active clock-event reasons every
+``interval_ms`` in its own process (nothing runs in the benchmark's), and ``summarize``
+cuts the samples into the phases the benchmark marked with ``mark`` (wall-clock spans).
+A compute-bound phase that runs at a lower SM clock than the short matmul burst the
+roofline's rate comes from shows up here as a lower clock with the power cap active.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+FIELDS = ("timestamp", "clocks.sm", "clocks.max.sm", "power.draw", "power.limit", "temperature.gpu")
+REASONS = ("clocks_event_reasons.sw_power_cap", "clocks_event_reasons.hw_slowdown",
+           "clocks_event_reasons.sw_thermal_slowdown")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Sample:
+    at: float  # seconds since the epoch
+    sm_mhz: float
+    max_sm_mhz: float
+    power_w: float
+    power_limit_w: float
+    temperature_c: float
+    reasons: tuple[str, ...]  # the active ones among REASONS, short names
+
+
+def parse_line(line: str, reason_names: tuple[str, ...]) -> Sample | None:
+    """One CSV line of ``nvidia-smi --format=csv,noheader,nounits``; None if unreadable."""
+    parts = [p.strip() for p in line.split(",")]
+    if len(parts) != len(FIELDS) + len(reason_names):
+        return None
+    try:
+        at = datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+        sm, max_sm, power, limit, temperature = (float(p) for p in parts[1 : len(FIELDS)])
+    except ValueError:
+        return None
+    active = tuple(
+        name.rsplit(".", 1)[-1]
+        for name, value in zip(reason_names, parts[len(FIELDS) :], strict=True)
+        if value.lower() == "active"
+    )
+    return Sample(at, sm, max_sm, power, limit, temperature, active)
+
+
+@dataclass
+class ClockLog:
+    """``with ClockLog(path) as log:`` samples while the block runs; ``log.mark(name)``
+    starts a phase (ending the one before), ``log.summary()`` after the block."""
+
+    path: Path
+    interval_ms: int = 20
+    phases: list[tuple[str, float, float]] = field(default_factory=list)
+    _open: tuple[str, float] | None = None
+    _proc: subprocess.Popen[bytes] | None = None
+    _reasons: tuple[str, ...] = REASONS
+
+    def __enter__(self) -> ClockLog:
+        smi = shutil.which("nvidia-smi")
+        if smi is None:
+            return self
+        probe = subprocess.run(
+            [smi, f"--query-gpu={','.join(REASONS)}", "--format=csv,noheader", "-i", "0"],
+            capture_output=True,
+        )
+        self._reasons = REASONS if probe.returncode == 0 else ()  # an older driver
+        query = ",".join(FIELDS + self._reasons)
+        with open(self.path, "wb") as out:
+            self._proc = subprocess.Popen(
+                [smi, f"--query-gpu={query}", "--format=csv,noheader,nounits", "-i", "0",
+                 f"--loop-ms={self.interval_ms}"],
+                stdout=out, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+        time.sleep(0.2)
+        return self
+
+    def mark(self, name: str | None) -> None:
+        now = time.time()
+        if self._open is not None:
+            self.phases.append((self._open[0], self._open[1], now))
+        self._open = None if name is None else (name, now)
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.mark(None)
+        time.sleep(0.1)
+        if self._proc is not None:
+            self._proc.terminate()
+            self._proc.wait(timeout=5)
+
+    def samples(self) -> list[Sample]:
+        if not self.path.exists():
+            return []
+        lines = self.path.read_text(errors="replace").splitlines()
+        return [s for s in (parse_line(line, self._reasons) for line in lines) if s is not None]
+
+    def summary(self) -> list[dict[str, Any]]:
+        return summarize(self.samples(), self.phases)
+
+
+def summarize(
+    samples: list[Sample], phases: list[tuple[str, float, float]]
+) -> list[dict[str, Any]]:
+    """Per phase: its samples' mean and lowest SM clock, mean power, and the share of
+    samples with each clock-event reason active."""
+    rows = []
+    for name, start, end in phases:
+        inside = [s for s in samples if start <= s.at <= end]
+        row: dict[str, Any] = {"phase": name, "seconds": round(end - start, 3),
+                               "samples": len(inside)}  # fmt: skip
+        if inside:
+            count = len(inside)
+            row["sm_mhz_mean"] = round(sum(s.sm_mhz for s in inside) / count, 1)
+            row["sm_mhz_min"] = min(s.sm_mhz for s in inside)
+            row["max_sm_mhz"] = inside[0].max_sm_mhz
+            row["power_w_mean"] = round(sum(s.power_w for s in inside) / count, 1)
+            row["power_limit_w"] = inside[0].power_limit_w
+            row["temperature_c_max"] = max(s.temperature_c for s in inside)
+            reasons = sorted({r for s in inside for r in s.reasons})
+            row["reason_share"] = {
+                r: round(sum(r in s.reasons for s in inside) / count, 3) for r in reasons
+            }
+        rows.append(row)
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [f"{'phase':<28} {'s':>6} {'n':>4} {'SM MHz mean/min (max)':>24} "
+             f"{'power W (limit)':>16} {'°C':>4}  reasons active (share of samples)"]  # fmt: skip
+    for row in rows:
+        if not row["samples"]:
+            lines.append(f"{row['phase']:<28} {row['seconds']:>6.2f}    0  (no samples)")
+            continue
+        clocks = f"{row['sm_mhz_mean']:.0f}/{row['sm_mhz_min']:.0f} ({row['max_sm_mhz']:.0f})"
+        power = f"{row['power_w_mean']:.0f} ({row['power_limit_w']:.0f})"
+        reasons = ", ".join(f"{r} {v:.0%}" for r, v in row["reason_share"].items()) or "-"
+        lines.append(
+            f"{row['phase']:<28} {row['seconds']:>6.2f} {row['samples']:>4} {clocks:>24} "
+            f"{power:>16} {row['temperature_c_max']:>4.0f}  {reasons}"
+        )
+    return "\n".join(lines)

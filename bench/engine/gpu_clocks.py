@@ -1,6 +1,7 @@
 """The GPU's clocks and power while a benchmark runs, summarised per phase.
 
-``nvidia-smi`` samples the SM clock, power draw and the active clock-event reasons every
+``nvidia-smi`` samples the SM clock, power draw (instantaneous where the driver has it: its
+``power.draw`` is a one-second average) and the active clock-event reasons every
 ``interval_ms`` in its own process (nothing runs in the benchmark's), and ``summarize``
 cuts the samples into the phases the benchmark marked with ``mark`` (wall-clock spans).
 A compute-bound phase that runs at a lower SM clock than the short matmul burst the
@@ -73,7 +74,14 @@ class ClockLog:
             capture_output=True,
         )
         self._reasons = REASONS if probe.returncode == 0 else ()  # an older driver
-        query = ",".join(FIELDS + self._reasons)
+        fields: tuple[str, ...] = FIELDS
+        instant = subprocess.run(
+            [smi, "--query-gpu=power.draw.instant", "--format=csv,noheader", "-i", "0"],
+            capture_output=True,
+        )
+        if instant.returncode == 0:  # the driver's power.draw is a one-second average
+            fields = tuple("power.draw.instant" if f == "power.draw" else f for f in FIELDS)
+        query = ",".join(fields + self._reasons)
         with open(self.path, "wb") as out:
             self._proc = subprocess.Popen(
                 [smi, f"--query-gpu={query}", "--format=csv,noheader,nounits", "-i", "0",

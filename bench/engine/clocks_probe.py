@@ -35,7 +35,7 @@ from bench.engine import cuda as engine_cuda
 from bench.engine import throughput as bench
 from bench.engine.args import parse_args
 from bench.engine.floors import prefill_flops
-from bench.engine.gpu_clocks import ClockLog, table
+from bench.engine.gpu_clocks import ClockLog, clock_table
 
 
 def sustained_rates(device: torch.device, seconds: float, n: int = 8192) -> list[float]:
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
               f"{row['of_sustained_rate']:.1%} of the sustained one")  # fmt: skip
     for batch, ms in decode.items():
         print(f"decode batch {batch}: step {ms:.2f} ms" if ms else f"decode batch {batch}: -")
-    print(table(result["clocks"]))  # type: ignore[arg-type]
+    print(clock_table(result["clocks"]))  # type: ignore[arg-type]
     out.parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(result, indent=2))
 

@@ -145,7 +145,7 @@ def summarize(
     return rows
 
 
-def table(rows: list[dict[str, Any]]) -> str:
+def clock_table(rows: list[dict[str, Any]]) -> str:
     lines = [f"{'phase':<28} {'s':>6} {'n':>4} {'SM MHz mean/min (max)':>24} "
              f"{'power W (limit)':>16} {'°C':>4}  reasons active (share of samples)"]  # fmt: skip
     for row in rows:

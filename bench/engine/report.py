@@ -226,3 +226,41 @@ def matching_rows(ours_runs: list[OursRun], hf_runs: list[HFRun]) -> int:
         for ours_run, hf_run in zip(ours_runs, hf_runs, strict=True)
         for ours, hf in zip(ours_run.outputs, hf_run.outputs, strict=True)
     )
+
+
+def summarize_batch(
+    batch: int, new_tokens: int, ours_runs: list[OursRun], hf_runs: list[HFRun], burst: int = 1
+) -> ThroughputRow:
+    generated = batch * new_tokens
+    ours_rates = [generated / run.seconds for run in ours_runs]
+    hf_rates = [generated / run.seconds for run in hf_runs]
+    decode_rates = [run.decode_tok_s for run in ours_runs if run.decode_tok_s is not None]
+    step_times = [run.decode_step_ms for run in ours_runs if run.decode_step_ms is not None]
+    best = min(
+        (run for run in ours_runs if run.decode_step_ms is not None),
+        key=lambda run: run.decode_step_ms or 0.0,
+        default=None,
+    )
+    ours_best = max(ours_rates)
+    hf_best = max(hf_rates) if hf_rates else None
+    return ThroughputRow(
+        batch=batch,
+        decode_burst=burst,
+        ours_tok_s=ours_best,
+        hf_tok_s=hf_best,
+        ratio=ours_best / hf_best if hf_best else None,
+        ours_decode_tok_s=max(decode_rates) if decode_rates else None,
+        rows_matching_hf=matching_rows(ours_runs, hf_runs) if hf_runs else None,
+        rows_compared=batch * len(hf_runs),
+        ours_runs_tok_s=ours_rates,
+        hf_runs_tok_s=hf_rates,
+        decode_step_ms=min(step_times) if step_times else None,
+        prefill_steps_ms=ours_runs[0].prefill_steps_ms,
+        prefill_phase_s=min(
+            (r.prefill_phase_s for r in ours_runs if r.prefill_phase_s), default=None
+        ),
+        first_divergences=first_divergences(ours_runs, hf_runs) if hf_runs else None,
+        decode_model_steps=best.decode_model_steps if best else None,
+        decode_calls=best.decode_calls if best else None,
+        decode_mean_context=best.decode_mean_context if best else None,
+    )

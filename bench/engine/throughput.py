@@ -55,6 +55,7 @@ from bench.engine import cuda as engine_cuda
 from bench.engine import vllm_side as engine_vllm
 from bench.engine.args import parse_args
 from bench.engine.floors import DecodeShape, decode_floors
+from bench.engine.gpu_clocks import ClockLog, clock_table
 from bench.engine.report import (
     BenchConfig,
     FirstToken,
@@ -63,11 +64,10 @@ from bench.engine.report import (
     ThroughputRow,
     TTFTResult,
     evaluate_goals,
-    first_divergences,
     format_table,
     machine_facts,
-    matching_rows,
     print_gpu_extras,
+    summarize_batch,
     write_json,
 )
 from dynask.actors.api.sampling_params import SamplingParams
@@ -256,44 +256,6 @@ def measure_batch(
     return summarize_batch(batch, config.new_tokens, ours_runs, hf_runs, burst)
 
 
-def summarize_batch(
-    batch: int, new_tokens: int, ours_runs: list[OursRun], hf_runs: list[HFRun], burst: int = 1
-) -> ThroughputRow:
-    generated = batch * new_tokens
-    ours_rates = [generated / run.seconds for run in ours_runs]
-    hf_rates = [generated / run.seconds for run in hf_runs]
-    decode_rates = [run.decode_tok_s for run in ours_runs if run.decode_tok_s is not None]
-    step_times = [run.decode_step_ms for run in ours_runs if run.decode_step_ms is not None]
-    best = min(
-        (run for run in ours_runs if run.decode_step_ms is not None),
-        key=lambda run: run.decode_step_ms or 0.0,
-        default=None,
-    )
-    ours_best = max(ours_rates)
-    hf_best = max(hf_rates) if hf_rates else None
-    return ThroughputRow(
-        batch=batch,
-        decode_burst=burst,
-        ours_tok_s=ours_best,
-        hf_tok_s=hf_best,
-        ratio=ours_best / hf_best if hf_best else None,
-        ours_decode_tok_s=max(decode_rates) if decode_rates else None,
-        rows_matching_hf=matching_rows(ours_runs, hf_runs) if hf_runs else None,
-        rows_compared=batch * len(hf_runs),
-        ours_runs_tok_s=ours_rates,
-        hf_runs_tok_s=hf_rates,
-        decode_step_ms=min(step_times) if step_times else None,
-        prefill_steps_ms=ours_runs[0].prefill_steps_ms,
-        prefill_phase_s=min(
-            (r.prefill_phase_s for r in ours_runs if r.prefill_phase_s), default=None
-        ),
-        first_divergences=first_divergences(ours_runs, hf_runs) if hf_runs else None,
-        decode_model_steps=best.decode_model_steps if best else None,
-        decode_calls=best.decode_calls if best else None,
-        decode_mean_context=best.decode_mean_context if best else None,
-    )
-
-
 def build_engine(config: BenchConfig) -> tuple[LLMEngine, Any | None]:
     """Our engine and (unless skipped) the HF model, on the benchmark's device and dtype."""
     lengths = [config.prompt_len + config.new_tokens, config.ttft_prompt_len + 1]
@@ -358,20 +320,24 @@ def add_floors(
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    config, out_path = parse_args(argv)
-    started = time.perf_counter()
-    torch.set_num_threads(config.threads)
-    facts = machine_facts()
+def measure_all(
+    config: BenchConfig,
+    facts: dict[str, Any],
+    extra: dict[str, Any],
+    clock_log: ClockLog,
+    started: float,
+) -> tuple[LLMEngine, list[ThroughputRow], engine_vllm.VLLMSide | None]:
+    """The machine's rates (GPU), the engine at each batch and burst (and HF, vLLM), and
+    the prefill rates (GPU); each phase marked on ``clock_log``."""
     on_gpu = config.device.startswith("cuda")
-    extra: dict[str, Any] = {}
+    clock_log.mark("copy bandwidth, matmul rate (the roofline's)")
     if on_gpu:
         device = torch.device(config.device)
         engine_cuda.log_triton_compiles(time.perf_counter())
         facts.update(engine_cuda.gpu_facts(device))
         extra["copy_bandwidth_gb_s"] = engine_cuda.copy_bandwidth(device) / 1e9
         extra["bf16_matmul_tflop_s"] = engine_cuda.matmul_rate(device) / 1e12
+    clock_log.mark("engine start-up, warm-up")
     engine, hf_model = build_engine(config)
     plan = engine.parts.plan
     extra["kv_cache"] = {"blocks": plan.num_blocks, "gib": plan.gib, "source": plan.budget_source}
@@ -385,11 +351,13 @@ def main(argv: list[str] | None = None) -> None:
                 f"[{time.perf_counter() - started:8.2f}s] batch {batch} burst {burst}", flush=True
             )
             with_hf = hf_model if burst == config.decode_bursts[0] else None
+            clock_log.mark(f"batch {batch}" + (f" burst {burst}" if burst > 1 else ""))
             rows.append(measure_batch(engine, with_hf, batch, config, also=vllm, burst=burst))
     engine.decode_burst = config.decode_bursts[0]
     if on_gpu:
         bandwidth = extra["copy_bandwidth_gb_s"] * 1e9
         rows = add_floors(rows, engine, config, bandwidth, extra["bf16_matmul_tflop_s"] * 1e12)
+        clock_log.mark("prefill " + ",".join(map(str, config.prefill_lens)))
         extra["prefill"] = engine_cuda.measure_prefill(
             engine,
             config.prefill_lens,
@@ -398,12 +366,31 @@ def main(argv: list[str] | None = None) -> None:
         )
         matmul_rate = extra["bf16_matmul_tflop_s"] * 1e12
         engine_cuda.add_matmul_shares(extra["prefill"], engine_shape(engine), matmul_rate)
+    return engine, rows, vllm
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    config, out_path = parse_args(argv)
+    started = time.perf_counter()
+    torch.set_num_threads(config.threads)
+    facts = machine_facts()
+    on_gpu = config.device.startswith("cuda")
+    extra: dict[str, Any] = {}
+    clock_log = ClockLog(out_path.with_suffix(".smi.csv"))  # GPU clocks per phase
+    with clock_log:
+        engine, rows, vllm = measure_all(config, facts, extra, clock_log, started)
+    clocks = clock_log.summary()
+    if any(row["samples"] for row in clocks):
+        extra["gpu_clocks"] = clocks
     ttft = measure_ttft(engine, config)
     goals = evaluate_goals(rows, ttft, config.device)
     print()
     print(format_table(rows, ttft, goals, config))
     if on_gpu:
         print_gpu_extras(extra)
+    if "gpu_clocks" in extra:
+        print(clock_table(extra["gpu_clocks"]))
     if on_gpu:
         extra["skinny_matmul"] = skinny_matmul.choices()  # cuBLAS or Triton, per shape
         extra["gated_gemm"] = gated_gemm.choices()  # gate|up + SiLU·mul, per row bucket

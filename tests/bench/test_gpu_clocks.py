@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from pathlib import Path
 
-from bench.engine.gpu_clocks import REASONS, ClockLog, Sample, parse_line, summarize, table
+from bench.engine.gpu_clocks import REASONS, ClockLog, Sample, clock_table, parse_line, summarize
 
 
 def _at(text: str) -> float:
@@ -59,7 +59,7 @@ def test_summarize_cuts_samples_into_phases() -> None:
     assert rows[1]["power_w_mean"] == 680.0
     assert rows[1]["reason_share"] == {"sw_power_cap": 0.667}
     assert rows[2] == {"phase": "none", "seconds": 1.0, "samples": 0}
-    text = table(rows)
+    text = clock_table(rows)
     assert "1753/1700 (1980)" in text and "sw_power_cap 67%" in text and "(no samples)" in text
 
 

@@ -27,6 +27,7 @@ import json
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -36,50 +37,64 @@ from bench.engine import throughput as bench
 from bench.engine.args import parse_args
 from bench.engine.floors import prefill_flops
 from bench.engine.gpu_clocks import ClockLog, clock_table
+from bench.engine.report import machine_facts
 
 
-def sustained_rates(device: torch.device, seconds: float, n: int = 8192) -> list[float]:
-    """FLOP/s of back-to-back n³ products in windows of ~0.2 s over ``seconds``."""
+def sustained_rates(
+    device: torch.device, seconds: float, burst_rate: float, n: int = 8192
+) -> list[float]:
+    """FLOP/s of back-to-back n³ products in windows of ~0.2 s (at ``burst_rate``) over
+    ``seconds``."""
     a = torch.randn((n, n), dtype=torch.bfloat16, device=device)
     b = torch.randn((n, n), dtype=torch.bfloat16, device=device)
     flops = 2 * n**3
-    per_window = max(1, int(0.2 * 700e12 / flops))  # ~0.2 s at an H100/H200's rate
+    per_window = max(1, int(0.2 * burst_rate / flops))
+
+    window = partial(_products, a, b, per_window)
     rates = []
     started = time.perf_counter()
     while time.perf_counter() - started < seconds:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(per_window):
-            torch.matmul(a, b)
-        end.record()
-        end.synchronize()
-        rates.append(per_window * flops / (start.elapsed_time(end) / 1e3))
-    del a, b
-    torch.cuda.empty_cache()
+        rates.append(per_window * flops / engine_cuda.timed_seconds(device, window))
+    del a, b, window
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     return rates
+
+
+def _products(a: torch.Tensor, b: torch.Tensor, count: int) -> None:
+    for _ in range(count):
+        torch.matmul(a, b)
+
+
+def _take(argv: list[str], flag: str, default: float) -> float:
+    """The value of ``flag`` (removed from ``argv``), else ``default``."""
+    if flag not in argv:
+        return default
+    at = argv.index(flag)
+    value = float(argv[at + 1])
+    del argv[at : at + 2]
+    return value
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    sustain_s = 3.0
-    if "--sustain-s" in argv:
-        at = argv.index("--sustain-s")
-        sustain_s = float(argv[at + 1])
-        del argv[at : at + 2]
+    sustain_s = _take(argv, "--sustain-s", 3.0)
+    matmul_n = int(_take(argv, "--matmul-n", 8192))  # smaller for a CPU's smoke run
     config, out = parse_args(argv)
     engine, _ = bench.build_engine(config)
     device = torch.device(config.device)
     bench.warm_up(engine, None, prompt_len=config.prompt_len)
     shape = bench.engine_shape(engine)
-    result: dict[str, object] = {"machine": engine_cuda.gpu_facts(device)}
+    facts = engine_cuda.gpu_facts(device) if device.type == "cuda" else machine_facts()
+    result: dict[str, object] = {"machine": facts}
     clock_log = ClockLog(out.with_suffix(".smi.csv"))
     with clock_log as log:
         log.mark("idle")
         time.sleep(1.0)
         log.mark("matmul burst (roofline's)")
-        burst = engine_cuda.matmul_rate(device)
-        log.mark(f"matmul sustained {sustain_s:.0f} s")
-        windows = sustained_rates(device, sustain_s)
+        burst = engine_cuda.matmul_rate(device, matmul_n)
+        log.mark(f"matmul sustained {sustain_s:g} s")
+        windows = sustained_rates(device, sustain_s, burst, matmul_n)
         prefill = {}
         for length in config.prefill_lens:
             log.mark(f"prefill {length}")
@@ -95,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
             run = bench.run_ours(engine, prompts, config.new_tokens)
             decode[batch] = run.decode_step_ms
         log.mark("matmul burst again")
-        burst_after = engine_cuda.matmul_rate(device)
+        burst_after = engine_cuda.matmul_rate(device, matmul_n)
     settled = statistics.median(windows[len(windows) // 2 :])
     result.update(
         burst_tflop_s=burst / 1e12,
@@ -115,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
         clocks=clock_log.summary(),
     )
     print(f"bf16 matmul: burst {burst / 1e12:.0f} TFLOP/s (again at the end "
-          f"{burst_after / 1e12:.0f}); back to back for {sustain_s:.0f} s, windows "
+          f"{burst_after / 1e12:.0f}); back to back for {sustain_s:g} s, windows "
           + " ".join(f"{r / 1e12:.0f}" for r in windows)
           + f"; settled (median of the second half) {settled / 1e12:.0f}")  # fmt: skip
     for length, row in result["prefill"].items():  # type: ignore[attr-defined]

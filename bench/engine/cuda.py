@@ -19,6 +19,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -89,22 +90,32 @@ def copy_bandwidth(device: torch.device, gib: float = 2.0, trials: int = 10) -> 
     return float(2 * numel * 4 / statistics.median(times))
 
 
+def timed_seconds(device: torch.device, run: Callable[[], object]) -> float:
+    """Seconds ``run`` takes on ``device``: CUDA events around it on a GPU, the wall clock
+    on a CPU (where the work is done when ``run`` returns)."""
+    if device.type != "cuda":
+        start_s = time.perf_counter()
+        run()
+        return time.perf_counter() - start_s
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    run()
+    end.record()
+    end.synchronize()
+    return float(start.elapsed_time(end) / 1e3)
+
+
 def matmul_rate(device: torch.device, n: int = 8192, trials: int = 10) -> float:
     """bf16 matrix-product rate in FLOP/s (n x n x n on random data, median of trials)."""
     a = torch.randn((n, n), dtype=torch.bfloat16, device=device)
     b = torch.randn((n, n), dtype=torch.bfloat16, device=device)
     for _ in range(3):
         torch.matmul(a, b)
-    times = []
-    for _ in range(trials):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        torch.matmul(a, b)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    del a, b
-    torch.cuda.empty_cache()
+    product = partial(torch.matmul, a, b)
+    times = [timed_seconds(device, product) for _ in range(trials)]
+    del a, b, product
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     return float(2 * n**3 / statistics.median(times))
 
 
@@ -174,7 +185,8 @@ def measure_prefill(
         seconds = []
         for trial in range(trials + 1):  # the first is a warm-up for this length
             prompt = make_prompt(length, trial)
-            torch.cuda.synchronize()
+            if torch.cuda.is_initialized():
+                torch.cuda.synchronize()
             start = time.perf_counter()
             engine.generate([prompt], params)
             seconds.append(time.perf_counter() - start)

@@ -200,19 +200,17 @@ _outgrown: list[tuple[torch.Tensor, torch.Tensor]] = []
 def _split_buffers(
     device: torch.device, floats: int, tiles: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if device in _splits:
-        part, count = _splits[device]
-        if part.numel() >= floats and count.numel() >= tiles:
-            return part, count
+    held = _splits.get(device)
+    if held is not None and held[0].numel() >= floats and held[1].numel() >= tiles:
+        return held
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         # Made inside a capture they would come from the graph's private pool (which its
         # replays reuse) with their zeroing recorded, not run: eager launches after it
         # would then read garbage counts and write over the graph's tensors.
         raise RuntimeError("split-K buffers must be sized before a CUDA-graph capture")
-    if device in _splits:
-        _outgrown.append(_splits[device])
-        part, count = _splits[device]
-        floats, tiles = max(floats, part.numel()), max(tiles, count.numel())
+    if held is not None:
+        _outgrown.append(held)
+        floats, tiles = max(floats, held[0].numel()), max(tiles, held[1].numel())
     part = torch.empty(floats, dtype=torch.float32, device=device)
     count = torch.zeros(tiles, dtype=torch.int32, device=device)
     _splits[device] = (part, count)

@@ -10,8 +10,10 @@ roofline's rate comes from shows up here as a lower clock with the power cap act
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -56,7 +58,9 @@ def parse_line(line: str, reason_names: tuple[str, ...]) -> Sample | None:
 @dataclass
 class ClockLog:
     """``with ClockLog(path) as log:`` samples while the block runs; ``log.mark(name)``
-    starts a phase (ending the one before), ``log.summary()`` after the block."""
+    starts a phase (ending the one before), ``log.summary()`` after the block. Leaving the
+    block, even on an error, writes the phases beside the samples (``phases_path``), so
+    ``python -m bench.engine.gpu_clocks CSV`` summarises a run that raised."""
 
     path: Path
     interval_ms: int = 20
@@ -108,6 +112,8 @@ class ClockLog:
         if self._proc is not None:
             self._proc.terminate()
             self._proc.wait(timeout=5)
+            phases = {"reasons": list(self._reasons), "phases": self.phases}
+            phases_path(self.path).write_text(json.dumps(phases, indent=1))
 
     def samples(self) -> list[Sample]:
         if not self.path.exists():
@@ -117,6 +123,19 @@ class ClockLog:
 
     def summary(self) -> list[dict[str, Any]]:
         return summarize(self.samples(), self.phases)
+
+
+def phases_path(samples_path: Path) -> Path:
+    return samples_path.with_suffix(".phases.json")
+
+
+def load(samples_path: Path) -> list[dict[str, Any]]:
+    """``summarize`` of a run's files: the samples and the phases ``ClockLog`` wrote."""
+    saved = json.loads(phases_path(samples_path).read_text())
+    reasons = tuple(saved["reasons"])
+    lines = samples_path.read_text(errors="replace").splitlines()
+    samples = [s for s in (parse_line(line, reasons) for line in lines) if s is not None]
+    return summarize(samples, [(name, start, end) for name, start, end in saved["phases"]])
 
 
 def summarize(
@@ -160,3 +179,13 @@ def clock_table(rows: list[dict[str, Any]]) -> str:
             f"{power:>16} {row['temperature_c_max']:>4.0f}  {reasons}"
         )
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m bench.engine.gpu_clocks SAMPLES.csv``: the table of a run's files."""
+    for name in sys.argv[1:] if argv is None else argv:
+        print(clock_table(load(Path(name))))
+
+
+if __name__ == "__main__":
+    main()

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from pathlib import Path
 
-from bench.engine.gpu_clocks import REASONS, ClockLog, Sample, clock_table, parse_line, summarize
+from bench.engine import gpu_clocks
+from bench.engine.gpu_clocks import (
+    REASONS,
+    ClockLog,
+    Sample,
+    clock_table,
+    load,
+    parse_line,
+    phases_path,
+    summarize,
+)
 
 
 def _at(text: str) -> float:
@@ -71,3 +82,25 @@ def test_clock_log_marks_phases_without_a_gpu(tmp_path: Path, monkeypatch) -> No
     assert [name for name, _, _ in log.phases] == ["a", "b"]
     assert all(start <= end for _, start, end in log.phases)
     assert [row["samples"] for row in log.summary()] == [0, 0]
+
+
+def test_a_run_that_raised_is_summarised_from_its_files(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    samples = tmp_path / "run.smi.csv"
+    idle, capped = "Not Active, Not Active, Not Active", "Active, Not Active, Not Active"
+    samples.write_text(
+        f"2026/12/05 20:00:00.100, 1980, 1980, 100.0, 700.00, 40, {idle}\n"
+        f"2026/12/05 20:00:01.100, 1400, 1980, 700.0, 700.00, 60, {capped}\n"
+        f"2026/12/05 20:00:01.300, 1420, 1980, 690.0, 700.00, 61, {capped}\n"
+    )
+    base = _at("2026/12/05 20:00:00.000")
+    phases = [["idle", base, base + 1.0], ["sustained", base + 1.0, base + 2.0]]
+    phases_path(samples).write_text(json.dumps({"reasons": list(REASONS), "phases": phases}))
+    rows = load(samples)
+    assert [(r["phase"], r["samples"], r.get("sm_mhz_mean")) for r in rows] == [
+        ("idle", 1, 1980.0),
+        ("sustained", 2, 1410.0),
+    ]
+    assert rows[1]["reason_share"] == {"sw_power_cap": 1.0}
+    gpu_clocks.main([str(samples)])
+    out = capsys.readouterr().out
+    assert "1410/1400 (1980)" in out and "sw_power_cap 100%" in out

@@ -28,7 +28,6 @@ import statistics
 import sys
 import time
 from functools import partial
-from pathlib import Path
 
 import torch
 
@@ -112,36 +111,38 @@ def main(argv: list[str] | None = None) -> None:
         log.mark("matmul burst again")
         burst_after = engine_cuda.matmul_rate(device, matmul_n)
     settled = statistics.median(windows[len(windows) // 2 :])
+    prefill_rows = {
+        str(length): {
+            "seconds": seconds,
+            "model_tflop_s": prefill_flops(shape, length) / seconds / 1e12,
+            "of_burst_rate": prefill_flops(shape, length) / seconds / burst,
+            "of_sustained_rate": prefill_flops(shape, length) / seconds / settled,
+        }
+        for length, seconds in prefill.items()
+    }
+    clocks = clock_log.summary()
     result.update(
         burst_tflop_s=burst / 1e12,
         burst_after_tflop_s=burst_after / 1e12,
         sustained_window_tflop_s=[r / 1e12 for r in windows],
         sustained_settled_tflop_s=settled / 1e12,
-        prefill={
-            str(length): {
-                "seconds": s,
-                "model_tflop_s": prefill_flops(shape, length) / s / 1e12,
-                "of_burst_rate": prefill_flops(shape, length) / s / burst,
-                "of_sustained_rate": prefill_flops(shape, length) / s / settled,
-            }
-            for length, s in prefill.items()
-        },
+        prefill=prefill_rows,
         decode_step_ms={str(b): ms for b, ms in decode.items()},
-        clocks=clock_log.summary(),
+        clocks=clocks,
     )
     print(f"bf16 matmul: burst {burst / 1e12:.0f} TFLOP/s (again at the end "
           f"{burst_after / 1e12:.0f}); back to back for {sustain_s:g} s, windows "
           + " ".join(f"{r / 1e12:.0f}" for r in windows)
           + f"; settled (median of the second half) {settled / 1e12:.0f}")  # fmt: skip
-    for length, row in result["prefill"].items():  # type: ignore[attr-defined]
-        print(f"prefill {length}: {row['seconds'] * 1e3:.1f} ms, {row['model_tflop_s']:.0f} "
+    for label, row in prefill_rows.items():
+        print(f"prefill {label}: {row['seconds'] * 1e3:.1f} ms, {row['model_tflop_s']:.0f} "
               f"TFLOP/s = {row['of_burst_rate']:.1%} of the burst rate, "
               f"{row['of_sustained_rate']:.1%} of the sustained one")  # fmt: skip
     for batch, ms in decode.items():
         print(f"decode batch {batch}: step {ms:.2f} ms" if ms else f"decode batch {batch}: -")
-    print(clock_table(result["clocks"]))  # type: ignore[arg-type]
+    print(clock_table(clocks))
     out.parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(result, indent=2))
+    out.write_text(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

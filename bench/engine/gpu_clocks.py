@@ -86,6 +86,7 @@ class ClockLog:
         if instant.returncode == 0:  # the driver's power.draw is a one-second average
             fields = tuple("power.draw.instant" if f == "power.draw" else f for f in FIELDS)
         query = ",".join(fields + self._reasons)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "wb") as out:
             self._proc = subprocess.Popen(
                 [smi, f"--query-gpu={query}", "--format=csv,noheader,nounits", "-i", "0",

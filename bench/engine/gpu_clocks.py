@@ -6,6 +6,7 @@
 cuts the samples into the phases the benchmark marked with ``mark`` (wall-clock spans).
 A compute-bound phase that runs at a lower SM clock than the short matmul burst the
 roofline's rate comes from shows up here as a lower clock with the power cap active.
+It samples GPU 0 in ``nvidia-smi``'s numbering: the one-GPU benchmarks' device.
 """
 
 from __future__ import annotations

@@ -239,51 +239,6 @@ class Simulation:
         }
 
 
-class RouterQueueSimulation(Simulation):
-    """An experiment the product does not have: the router holds requests back while every
-    actor has more than ``threshold_blocks`` of prefill queued, then sends the shortest
-    first (fewest blocks uncached on the best-placed actor), or the oldest once one has
-    waited ``max_wait_ms``. It measures what reordering could buy over routing alone: the
-    engines run their queues first come, first served."""
-
-    def __init__(
-        self,
-        *args: Any,
-        threshold_blocks: int = 64,
-        max_wait_ms: float | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(*args, **kwargs)
-        self.threshold_blocks = threshold_blocks
-        self.max_wait_ms = max_wait_ms
-        self.held: list[SimSequence] = []
-
-    def _arrive(self, seq: SimSequence) -> None:
-        self.held.append(seq)
-        self._release()
-
-    def _step_end(self, index: int, chunks: list[tuple[SimSequence, int]]) -> None:
-        super()._step_end(index, chunks)
-        self._release()
-
-    def _release(self) -> None:
-        while self.held and any(
-            sum(view.prefill_blocks.values()) <= self.threshold_blocks for view in self.views
-        ):
-            overdue = [
-                seq
-                for seq in self.held
-                if self.max_wait_ms is not None and self.now_ms - seq.arrival_ms > self.max_wait_ms
-            ]
-            seq = overdue[0] if overdue else min(self.held, key=self._uncached_at_best)
-            self.held.remove(seq)
-            super()._arrive(seq)
-
-    def _uncached_at_best(self, seq: SimSequence) -> int:
-        overlaps = self.overlaps(seq, approximate=False).values()
-        return len(seq.keys) - max((overlap.total_blocks for overlap in overlaps), default=0)
-
-
 def router_policy(config: RouterConfig) -> Policy:
     """The product's ``KVRouter`` with ``config`` (fresh per simulation)."""
     routers: dict[int, KVRouter] = {}
@@ -316,6 +271,8 @@ OURS = frozenset({"kv", "approximate", "least-loaded"})
 
 
 def main(argv: list[str] | None = None) -> None:
+    from bench.routing.router_sim_queue import RouterQueueSimulation  # it imports this module
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", type=Path, default=TRACE)
     parser.add_argument("--slices", default="3000:3150,3300:3450")

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from bench.routing.router_sim import POLICIES, RouterQueueSimulation, Simulation
+from bench.routing.router_sim import POLICIES, Simulation
+from bench.routing.router_sim_queue import RouterQueueSimulation
 from bench.routing.sim_engine import SimEngine, SimSequence, block_keys
 from bench.routing.trace import TraceRequest
 from bench.routing.trace_systems import matched_timing

@@ -23,6 +23,7 @@ JSON (``--out``).
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -34,7 +35,6 @@ import torch
 from bench.engine import cuda as engine_cuda
 from bench.engine import throughput as bench
 from bench.engine.args import parse_args
-from bench.engine.floors import prefill_flops
 from bench.engine.gpu_clocks import ClockLog, clock_table
 from bench.engine.report import machine_facts
 
@@ -65,21 +65,18 @@ def _products(a: torch.Tensor, b: torch.Tensor, count: int) -> None:
         torch.matmul(a, b)
 
 
-def _take(argv: list[str], flag: str, default: float) -> float:
-    """The value of ``flag`` (removed from ``argv``), else ``default``."""
-    if flag not in argv:
-        return default
-    at = argv.index(flag)
-    value = float(argv[at + 1])
-    del argv[at : at + 2]
-    return value
+def _probe_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The probe's own flags; the rest are ``bench.engine.args``'s."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--sustain-s", type=float, default=3.0, help="back-to-back products")
+    parser.add_argument("--matmul-n", type=int, default=8192, help="smaller for a CPU's run")
+    return parser.parse_known_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    sustain_s = _take(argv, "--sustain-s", 3.0)
-    matmul_n = int(_take(argv, "--matmul-n", 8192))  # smaller for a CPU's smoke run
-    config, out = parse_args(argv)
+    own, rest = _probe_args(sys.argv[1:] if argv is None else argv)
+    sustain_s, matmul_n = own.sustain_s, own.matmul_n
+    config, out = parse_args(rest)
     engine, _ = bench.build_engine(config)
     device = torch.device(config.device)
     bench.warm_up(engine, None, prompt_len=config.prompt_len)
@@ -94,14 +91,13 @@ def main(argv: list[str] | None = None) -> None:
         burst = engine_cuda.matmul_rate(device, matmul_n)
         log.mark(f"matmul sustained {sustain_s:g} s")
         windows = sustained_rates(device, sustain_s, burst, matmul_n)
-        prefill = {}
+        prefill = []
         for length in config.prefill_lens:
             log.mark(f"prefill {length}")
-            rows = engine_cuda.measure_prefill(
+            prefill += engine_cuda.measure_prefill(
                 engine, (length,), lambda n, i: bench.random_prompts(1, n, 900 + i)[0],
                 bench.greedy(1),
             )  # fmt: skip
-            prefill[length] = rows[0]["seconds"]
         decode = {}
         for batch in config.batches:
             prompts = bench.random_prompts(batch, config.prompt_len, 77 + batch)
@@ -111,14 +107,15 @@ def main(argv: list[str] | None = None) -> None:
         log.mark("matmul burst again")
         burst_after = engine_cuda.matmul_rate(device, matmul_n)
     settled = statistics.median(windows[len(windows) // 2 :])
+    engine_cuda.add_matmul_shares(prefill, shape, burst)  # model_tflop_s, of_matmul_rate
     prefill_rows = {
-        str(length): {
-            "seconds": seconds,
-            "model_tflop_s": prefill_flops(shape, length) / seconds / 1e12,
-            "of_burst_rate": prefill_flops(shape, length) / seconds / burst,
-            "of_sustained_rate": prefill_flops(shape, length) / seconds / settled,
+        str(row["prompt_len"]): {
+            "seconds": row["seconds"],
+            "model_tflop_s": row["model_tflop_s"],
+            "of_burst_rate": row["of_matmul_rate"],
+            "of_sustained_rate": row["model_tflop_s"] * 1e12 / settled,
         }
-        for length, seconds in prefill.items()
+        for row in prefill
     }
     clocks = clock_log.summary()
     result.update(

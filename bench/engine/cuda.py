@@ -75,17 +75,11 @@ def copy_bandwidth(device: torch.device, gib: float = 2.0, trials: int = 10) -> 
     numel = int(gib * 2**30) // 4
     source = torch.empty(numel, dtype=torch.float32, device=device).uniform_()
     target = torch.empty_like(source)
+    copy = partial(target.copy_, source)
     for _ in range(3):
-        target.copy_(source)
-    times = []
-    for _ in range(trials):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        target.copy_(source)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    del source, target
+        copy()
+    times = [timed_seconds(device, copy) for _ in range(trials)]
+    del source, target, copy
     torch.cuda.empty_cache()
     return float(2 * numel * 4 / statistics.median(times))
 

@@ -18,6 +18,7 @@ import argparse
 import json
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +78,7 @@ def measure(x: torch.Tensor, weight: torch.Tensor) -> dict[str, Any]:
     checks = {}
     for tile in VARIANTS:
         name = f"tma {tile}"
-        run = _runner(x, weight, tile)
+        run = partial(gated_gemm.launch, x, weight, tile)
         try:
             got = run()
             torch.cuda.synchronize()
@@ -108,10 +109,6 @@ def measure(x: torch.Tensor, weight: torch.Tensor) -> dict[str, Any]:
               f"equal {checks[name]['equal_share']:.3f}")  # fmt: skip
     return {"rows": rows, "unfused_us": unfused * 1e6, "unfused_tflops": flops / unfused / 1e12,
             "repeat": repeat, "tiles": tiles}  # fmt: skip
-
-
-def _runner(x: torch.Tensor, weight: torch.Tensor, tile: GatedTile) -> Any:
-    return lambda: gated_gemm.launch(x, weight, tile)
 
 
 def _once(run: Any) -> float:

@@ -118,10 +118,7 @@ class ClockLog:
             phases_path(self.path).write_text(json.dumps(phases, indent=1))
 
     def samples(self) -> list[Sample]:
-        if not self.path.exists():
-            return []
-        lines = self.path.read_text(errors="replace").splitlines()
-        return [s for s in (parse_line(line, self._reasons) for line in lines) if s is not None]
+        return read_samples(self.path, self._reasons) if self.path.exists() else []
 
     def summary(self) -> list[dict[str, Any]]:
         return summarize(self.samples(), self.phases)
@@ -134,10 +131,14 @@ def phases_path(samples_path: Path) -> Path:
 def load(samples_path: Path) -> list[dict[str, Any]]:
     """``summarize`` of a run's files: the samples and the phases ``ClockLog`` wrote."""
     saved = json.loads(phases_path(samples_path).read_text())
-    reasons = tuple(saved["reasons"])
-    lines = samples_path.read_text(errors="replace").splitlines()
-    samples = [s for s in (parse_line(line, reasons) for line in lines) if s is not None]
+    samples = read_samples(samples_path, tuple(saved["reasons"]))
     return summarize(samples, [(name, start, end) for name, start, end in saved["phases"]])
+
+
+def read_samples(path: Path, reason_names: tuple[str, ...]) -> list[Sample]:
+    """The readable lines of a samples file (``parse_line``)."""
+    lines = path.read_text(errors="replace").splitlines()
+    return [s for s in (parse_line(line, reason_names) for line in lines) if s is not None]
 
 
 def summarize(

@@ -54,6 +54,7 @@ import torch
 from bench.engine import cuda as engine_cuda
 from bench.engine import vllm_side as engine_vllm
 from bench.engine.args import parse_args
+from bench.engine.clock_roofline import clock_report
 from bench.engine.floors import DecodeShape, decode_floors
 from bench.engine.gpu_clocks import ClockLog, clock_table
 from bench.engine.report import (
@@ -412,6 +413,8 @@ def main(argv: list[str] | None = None) -> None:
         **extra,
     }
     write_json(out_path, report)
+    if "gpu_clocks" in extra and config.random_model:
+        print("\n" + clock_report(report))  # the roofline at each phase's SM clock
     print(f"\nwrote {out_path}")
 
 

@@ -5,8 +5,11 @@ that the GPU runs it at the clock of the copy and idle before it; a long compute
 phase (decode at 256 rows, an 8k prefill) holds the power cap and runs at a lower SM clock
 (``gpu_clocks``). A GPU's matrix rate is proportional to its SM clock, so the rate a phase
 could have reached is the burst's times the phase's mean clock over the burst phase's
-mean clock. The roofline with that rate tells how much of a step's distance from the
-issue's roofline is the clock and how much the kernels.
+mean clock: for a batch, its runs' decode phases (``throughput`` marks each run's prefill
+and decode apart), for the prefill rows, the prefill phase. The roofline with that rate
+tells how much of a step's distance from the issue's roofline is the clock and how much
+the kernels. The burst phase (the copy and the matmul burst, ~0.1 s) is assumed to run at
+the clock its samples show; a burst shorter than the sampling interval is not seen alone.
 
 The issue's goals stay judged against the burst rate (``ThroughputRow.roofline_fraction``);
 this is a second column, not a new goal.
@@ -26,12 +29,27 @@ from typing import Any
 from bench.engine.cuda import RANDOM_MODELS
 from bench.engine.floors import DecodeShape, decode_floors
 
-RATES_PHASE = "copy bandwidth, matmul rate (the roofline's)"  # throughput.measure_all's mark
+RATES_PHASE = "copy bandwidth, matmul rate (the roofline's)"  # the phase throughput marks
+
+
+def batch_phase(batch: int, burst: int = 1) -> str:
+    """The name ``throughput`` gives a batch's phases ("batch 64", then " prefill" or
+    " decode" for each run's)."""
+    return f"batch {batch}" + (f" burst {burst}" if burst > 1 else "")
 
 
 def phase_clocks(clocks: list[dict[str, Any]]) -> dict[str, float]:
-    """Each sampled phase's mean SM clock (MHz), by phase name."""
-    return {row["phase"]: row["sm_mhz_mean"] for row in clocks if row.get("samples")}
+    """Each phase name's mean SM clock (MHz) over its sampled spans (a name marked once
+    per run, as the decode phases are, is pooled by samples)."""
+    pooled: dict[str, tuple[float, int]] = {}
+    for row in clocks:
+        if row.get("samples"):
+            total, count = pooled.get(row["phase"], (0.0, 0))
+            pooled[row["phase"]] = (
+                total + row["sm_mhz_mean"] * row["samples"],
+                count + row["samples"],
+            )
+    return {name: total / count for name, (total, count) in pooled.items()}
 
 
 def clock_ratio(clocks: dict[str, float], phase: str) -> float | None:
@@ -66,9 +84,7 @@ def decode_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
         step, context = row["decode_step_ms"], row["decode_mean_context"]
         if not step or not context:
             continue
-        burst = row["decode_burst"]
-        phase = f"batch {row['batch']}" + (f" burst {burst}" if burst > 1 else "")
-        ratio = clock_ratio(clocks, phase)
+        ratio = clock_ratio(clocks, batch_phase(row["batch"], row["decode_burst"]) + " decode")
         roof = decode_floors(shape, row["batch"], context, bandwidth, rate).roofline_s * 1e3
         at_clock = None
         if ratio is not None:

@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from datetime import UTC, datetime
-from pathlib import Path
+from functools import partial
 from typing import Any
 
 import torch
@@ -54,9 +54,10 @@ import torch
 from bench.engine import cuda as engine_cuda
 from bench.engine import vllm_side as engine_vllm
 from bench.engine.args import parse_args
-from bench.engine.clock_roofline import clock_report
+from bench.engine.clock_roofline import RATES_PHASE, batch_phase, clock_report
 from bench.engine.floors import DecodeShape, decode_floors
 from bench.engine.gpu_clocks import ClockLog, clock_table
+from bench.engine.hf_side import load_hf_model, run_hf
 from bench.engine.report import (
     BenchConfig,
     FirstToken,
@@ -100,14 +101,23 @@ def greedy(max_tokens: int) -> SamplingParams:
 # ---- our engine ---------------------------------------------------------------------------
 
 
-def run_ours(engine: LLMEngine, prompts: list[list[int]], new_tokens: int) -> OursRun:
+def run_ours(
+    engine: LLMEngine,
+    prompts: list[list[int]],
+    new_tokens: int,
+    phase: Callable[[str | None], None] | None = None,
+) -> OursRun:
     """Runs the prompts to completion with the step API, timing the decode phase apart.
 
     The decode phase starts once every sequence has its first token. Its per-step time is
     the phase's wall time over the model steps it ran (the engine's step counter: a burst
     of ``k`` steps counts ``k``), not over ``engine.step()`` calls; the mean context is
-    that of the rows of each model step, i.e. the KV the steps actually read.
+    that of the rows of each model step, i.e. the KV the steps actually read. ``phase``
+    (a ``ClockLog.mark``) is told "prefill" at the start, "decode" when the decode phase
+    starts and None at the end.
     """
+    mark = phase or (lambda name: None)
+    mark("prefill")
     start = time.perf_counter()
     streams = [engine.add_request(p, greedy(new_tokens)) for p in prompts]
     have_first: set[str] = set()
@@ -133,9 +143,11 @@ def run_ours(engine: LLMEngine, prompts: list[list[int]], new_tokens: int) -> Ou
             continue
         have_first.update(o.request_id for o in outputs if o.token_ids)
         if len(have_first) == len(streams):
+            mark("decode")
             decode_start = time.perf_counter()
             decode_steps_at_start = engine._counters["steps"]
     end = time.perf_counter()
+    mark(None)
     decode_tok_s = step_ms = mean_context = None
     model_steps = engine._counters["steps"] - decode_steps_at_start
     if decode_start is not None and decode_tokens and model_steps:
@@ -189,35 +201,6 @@ def measure_ttft(engine: LLMEngine, config: BenchConfig) -> TTFTResult:
     )
 
 
-# ---- HF transformers ----------------------------------------------------------------------
-
-
-def load_hf_model(folder: Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> Any:
-    import transformers
-
-    transformers.logging.set_verbosity_error()  # generation-config chatter, not results
-    auto: Any = transformers.AutoModelForCausalLM
-    model = auto.from_pretrained(folder, dtype=dtype)
-    return model.to(device).eval()
-
-
-@torch.inference_mode()
-def run_hf(model: Any, prompts: list[list[int]], new_tokens: int) -> HFRun:
-    """``generate`` with greedy decoding of exactly ``new_tokens`` tokens per row."""
-    start = time.perf_counter()
-    input_ids = torch.tensor(prompts, dtype=torch.long, device=model.device)
-    output = model.generate(
-        input_ids=input_ids,
-        attention_mask=torch.ones_like(input_ids),
-        do_sample=False,
-        max_new_tokens=new_tokens,
-        min_new_tokens=new_tokens,
-        pad_token_id=model.config.eos_token_id,
-    )
-    seconds = time.perf_counter() - start
-    return HFRun(seconds, output[:, input_ids.shape[1] :].tolist())
-
-
 # ---- the run ------------------------------------------------------------------------------
 
 
@@ -236,9 +219,11 @@ def measure_batch(
     config: BenchConfig,
     also: Callable[[int, list[list[int]], OursRun, HFRun | None], None] | None = None,
     burst: int = 1,
+    phase: Callable[[str | None], None] | None = None,
 ) -> ThroughputRow:
     """Ours, then HF on the same prompts, so both see the machine in the same state;
-    then ``also`` (``--vllm``: vLLM) with the prompts and both runs.
+    then ``also`` (``--vllm``: vLLM) with the prompts and both runs. ``phase`` marks our
+    runs' prefill and decode phases (``run_ours``).
 
     Each repeat uses fresh prompts: a repeated prompt would hit our prefix cache.
     """
@@ -249,7 +234,7 @@ def measure_batch(
         # Fresh prompts per repeat and per burst pass: a repeated prompt hits the prefix cache.
         seed = SEED + 1_000 * batch + repeat + (100_000 * burst if burst > 1 else 0)
         prompts = random_prompts(batch, config.prompt_len, seed)
-        ours_runs.append(run_ours(engine, prompts, config.new_tokens))
+        ours_runs.append(run_ours(engine, prompts, config.new_tokens, phase))
         if with_hf:
             hf_runs.append(run_hf(hf_model, prompts, config.new_tokens))
         if also is not None:
@@ -321,6 +306,11 @@ def add_floors(
     return out
 
 
+def mark_run_phase(clock_log: ClockLog, batch: str, name: str | None) -> None:
+    """Marks "batch N prefill" / "batch N decode" (``run_ours``'s phases); None ends them."""
+    clock_log.mark(None if name is None else f"{batch} {name}")
+
+
 def measure_all(
     config: BenchConfig,
     facts: dict[str, Any],
@@ -331,7 +321,7 @@ def measure_all(
     """The machine's rates (GPU), the engine at each batch and burst (and HF, vLLM), and
     the prefill rates (GPU); each phase marked on ``clock_log``."""
     on_gpu = config.device.startswith("cuda")
-    clock_log.mark("copy bandwidth, matmul rate (the roofline's)")
+    clock_log.mark(RATES_PHASE)
     if on_gpu:
         device = torch.device(config.device)
         engine_cuda.log_triton_compiles(time.perf_counter())
@@ -352,8 +342,10 @@ def measure_all(
                 f"[{time.perf_counter() - started:8.2f}s] batch {batch} burst {burst}", flush=True
             )
             with_hf = hf_model if burst == config.decode_bursts[0] else None
-            clock_log.mark(f"batch {batch}" + (f" burst {burst}" if burst > 1 else ""))
-            rows.append(measure_batch(engine, with_hf, batch, config, also=vllm, burst=burst))
+            phase = partial(mark_run_phase, clock_log, batch_phase(batch, burst))
+            rows.append(
+                measure_batch(engine, with_hf, batch, config, also=vllm, burst=burst, phase=phase)
+            )
     engine.decode_burst = config.decode_bursts[0]
     if on_gpu:
         bandwidth = extra["copy_bandwidth_gb_s"] * 1e9

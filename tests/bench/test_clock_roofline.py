@@ -33,7 +33,7 @@ def _report(bandwidth_gb_s: float, tflop_s: float, clocks: list[dict[str, Any]])
 
 def test_compute_bound_roofline_scales_with_the_clock() -> None:
     # Bandwidth so large that every op is compute-bound: the roofline is FLOPs over the rate.
-    clocks = [_clock(RATES, 2000.0), _clock("batch 8", 1500.0), _clock("prefill 64", 1600.0)]
+    clocks = [_clock(RATES, 2000.0), _clock("batch 8 decode", 1500.0), _clock("prefill 64", 1600.0)]
     report = _report(1e15, 1e-3, clocks)
     (row,) = clock_roofline.decode_rows(report)  # the row without a step is left out
     shape = clock_roofline.shape_of(report)
@@ -48,14 +48,14 @@ def test_compute_bound_roofline_scales_with_the_clock() -> None:
 
 
 def test_memory_bound_roofline_ignores_the_clock() -> None:
-    clocks = [_clock(RATES, 2000.0), _clock("batch 8", 1000.0)]
+    clocks = [_clock(RATES, 2000.0), _clock("batch 8 decode", 1000.0)]
     (row,) = clock_roofline.decode_rows(_report(1.0, 1e9, clocks))
     assert row["clock_ratio"] == 0.5
     assert row["roofline_at_clock_ms"] == pytest.approx(row["roofline_ms"])
 
 
 def test_unsampled_phases_give_no_clock_column(tmp_path: Path, capsys: Any) -> None:
-    clocks = [_clock(RATES, 2000.0), {"phase": "batch 8", "seconds": 0.01, "samples": 0}]
+    clocks = [_clock(RATES, 2000.0), {"phase": "batch 8 decode", "seconds": 0.01, "samples": 0}]
     report = _report(1.0, 1.0, clocks)
     (row,) = clock_roofline.decode_rows(report)
     assert row["clock_ratio"] is None and row["of_roofline_at_clock"] is None
@@ -64,3 +64,10 @@ def test_unsampled_phases_give_no_clock_column(tmp_path: Path, capsys: Any) -> N
     path.write_text(json.dumps({**report, "gpu_clocks": []}))
     clock_roofline.main([str(path)])
     assert "no gpu_clocks" in capsys.readouterr().out
+
+
+def test_a_phase_marked_once_per_run_is_pooled_by_samples() -> None:
+    runs = [{**_clock("batch 8 decode", 1200.0), "samples": 30}, _clock("batch 8 decode", 1800.0)]
+    clocks = clock_roofline.phase_clocks([*runs, _clock("batch 8 prefill", 900.0)])
+    assert clocks["batch 8 decode"] == (1200.0 * 30 + 1800.0 * 10) / 40
+    assert clocks["batch 8 prefill"] == 900.0

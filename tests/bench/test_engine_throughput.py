@@ -8,10 +8,22 @@ from pathlib import Path
 import pytest
 
 from bench.engine import throughput
+from bench.engine.clock_roofline import RATES_PHASE
+from bench.engine.gpu_clocks import ClockLog
 
 
 @pytest.mark.slow
-def test_throughput_measures_each_batch_and_writes_its_report(tmp_path: Path) -> None:
+def test_throughput_measures_each_batch_and_writes_its_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    logs: list[ClockLog] = []
+
+    class KeptClockLog(ClockLog):
+        def __enter__(self) -> ClockLog:
+            logs.append(self)
+            return super().__enter__()
+
+    monkeypatch.setattr(throughput, "ClockLog", KeptClockLog)
     out = tmp_path / "engine.json"
     throughput.main(
         ["--device", "cpu", "--random-model", "llama-tiny", "--batches", "1,2",
@@ -27,3 +39,9 @@ def test_throughput_measures_each_batch_and_writes_its_report(tmp_path: Path) ->
     assert report["ttft"]["cold_ms"] > 0 and report["ttft"]["prompt_len"] == 32
     assert "gpu_clocks" not in report  # no nvidia-smi here: no samples, no section
     assert not out.with_suffix(".smi.csv").exists()
+    # Each run's prefill and decode are phases of their own (the decode's clock is its own).
+    runs = ["prefill", "decode"] * 2
+    assert [name for name, _, _ in logs[0].phases] == [
+        RATES_PHASE, "engine start-up, warm-up",
+        *(f"batch 1 {p}" for p in runs), *(f"batch 2 {p}" for p in runs),
+    ]  # fmt: skip

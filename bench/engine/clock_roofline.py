@@ -8,7 +8,7 @@ could have reached is the burst's times the phase's mean clock over the burst ph
 mean clock: for a batch, its runs' decode phases (``throughput`` marks each run's prefill
 and decode apart), for the prefill rows, the prefill phase. The roofline with that rate
 tells how much of a step's distance from the issue's roofline is the clock and how much
-the kernels. The burst phase (the copy and the matmul burst, ~0.1 s) is assumed to run at
+the kernels. The burst phase (the copy bandwidth and the matmul burst) is assumed to run at
 the clock its samples show; a burst shorter than the sampling interval is not seen alone.
 
 The issue's goals stay judged against the burst rate (``ThroughputRow.roofline_fraction``);

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.routing.router_sim import POLICIES, TRACE, Policy, Simulation
-from bench.routing.sim_engine import SimSequence
+from bench.routing.sim_engine import SimEngine, SimSequence
 from bench.routing.trace import TraceRequest, load_trace, parse_slice, warm_and_slice
 from bench.routing.trace_systems import matched_timing
 from dynask.actors.backends.mocker_config import MockerConfig
@@ -75,11 +75,21 @@ class HitAccount:
     gained_while_queued: int
 
 
-class TailSimulation(Simulation):
-    """A ``Simulation`` that records every decision and every engine step."""
+def cache_blocks(engines: Sequence[SimEngine]) -> tuple[int, int]:
+    """The cached blocks the engines hold in all (in use or free), and how many distinct
+    prefixes those are: the gap is the blocks held on more than one engine."""
+    held = [set(engine.refs) | set(engine.free_cached) for engine in engines]
+    return sum(len(keys) for keys in held), len(set().union(*held))
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+
+class TailSimulation(Simulation):
+    """A ``Simulation`` that records every decision and every engine step, and at every
+    ``cache_every``-th measured decision the engines' ``cache_blocks``."""
+
+    def __init__(self, *args: Any, cache_every: int = 10, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.cache_every = cache_every
+        self.cache_samples: list[tuple[int, int]] = []
         self.decisions: dict[int, Decision] = {}
         self.steps: list[list[tuple[float, float]]] = [[] for _ in self.engines]
         self._route = self.policy
@@ -100,6 +110,8 @@ class TailSimulation(Simulation):
             believed_prefill=[c.active_prefill_blocks for c in self.candidates()],
             queued=[_queued_prefills(engine.waiting, engine.running) for engine in self.engines],
         )
+        if seq.index >= self.warm and (seq.index - self.warm) % self.cache_every == 0:
+            self.cache_samples.append(cache_blocks(self.engines))
         return choice
 
     def _start_step(self, index: int) -> None:
@@ -179,7 +191,16 @@ def tail_report(sim: TailSimulation, first_index: int, share: float) -> dict[str
         row["ttft_ms"] = sim.ttft_ms(seq)
         row["got"] = seq.cached_tokens // sim.config.block_size
         rows.append(row)
+    held = sum(h for h, _ in sim.cache_samples)
+    distinct = sum(d for _, d in sim.cache_samples)
+    samples = max(1, len(sim.cache_samples))
     return {
+        "cache_blocks": {
+            "samples": len(sim.cache_samples),
+            "held_mean": held / samples,
+            "distinct_mean": distinct / samples,
+            "duplicate_share": 1 - distinct / held if held else 0.0,
+        },
         "hits_in_blocks": asdict(sim.hit_account()),
         "busy_share": sim.busy_share(),
         "preemptions": [engine.preemptions for engine in sim.engines],
@@ -259,6 +280,11 @@ def _print(run: dict[str, Any]) -> None:
         f"busy {', '.join(f'{b:.3f}' for b in run['busy_share'])}"
     )
     print(f"  hits in blocks: {run['hits_in_blocks']}")
+    cache = run["cache_blocks"]
+    print(
+        f"  cache: {cache['held_mean']:.0f} blocks held, {cache['distinct_mean']:.0f} distinct "
+        f"({cache['duplicate_share']:.1%} on more than one engine; {cache['samples']} samples)"
+    )
     for row in run["slowest"]:
         print(
             f"  #{row['request']} ttft {row['ttft_ms']:.0f} ms, {row['prompt_blocks']} blocks, "

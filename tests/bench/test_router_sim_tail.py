@@ -6,8 +6,17 @@ from __future__ import annotations
 import pytest
 
 from bench.routing.router_sim import POLICIES
-from bench.routing.router_sim_tail import HitAccount, TailSimulation, simulate, tail_report
+from bench.routing.router_sim_tail import (
+    HitAccount,
+    TailSimulation,
+    cache_blocks,
+    simulate,
+    tail_report,
+)
+from bench.routing.sim_engine import SimEngine
 from bench.routing.trace import TraceRequest
+from bench.routing.trace_systems import matched_timing
+from dynask.actors.backends.mocker_config import MockerConfig
 
 
 def _prefill_ms(tokens: int) -> float:
@@ -62,3 +71,23 @@ def test_the_report_names_the_slowest_by_their_trace_line() -> None:
     [slowest] = report["slowest"]
     assert (slowest["request"], slowest["got"]) == (500, 0)
     assert slowest["ttft_ms"] == pytest.approx(_prefill_ms(1024))
+
+
+def test_cache_blocks_counts_what_more_than_one_engine_holds() -> None:
+    config = MockerConfig(**matched_timing(64))
+    first, second = SimEngine("actor-0", config), SimEngine("actor-1", config)
+    first.refs.update({(1, 0): 1, (1, 1): 1})  # in use
+    first.free_cached.update({(2, 0): None})  # free, still cached
+    second.free_cached.update({(1, 0): None, (3, 0): None})
+
+    assert cache_blocks([first, second]) == (5, 4)  # (1, 0) is on both
+
+
+def test_the_report_samples_the_caches_at_measured_decisions() -> None:
+    sim = _two_conversations()  # measured: requests 1 (at 0 ms) and 2 (at 1,000 ms)
+
+    cache = tail_report(sim, first_index=0, share=0.5)["cache_blocks"]
+
+    # Only request 1's decision is sampled (every 10th measured one): by then actor 1 holds
+    # the warm request's 16 full blocks, admitted with it, and nothing else is cached.
+    assert cache == {"samples": 1, "held_mean": 16, "distinct_mean": 16, "duplicate_share": 0.0}

@@ -28,13 +28,16 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench.common.report import write_json
 from bench.routing import trace_replay
 from bench.routing.trace import TRACE_BLOCK_TOKENS
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
+MEASURES = ("ttft_mean_ms", "itl_mean_ms", "e2e_p50_ms")
 
 # case -> groups of (count, prompt blocks of 512 tokens, output tokens, first ms, gap ms)
 CASES: dict[str, list[tuple[int, int, int, float, float]]] = {
@@ -78,11 +81,24 @@ def run_case(name: str, workdir: Path) -> dict[str, Any]:
     }
 
 
+def ratio_rows(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per case, each measure of ours over Dynamo's (None where a side has none)."""
+    rows = []
+    for name, sides in results.items():
+        ours, theirs = sides.get("dynask", {}), sides.get("dynamo", {})
+        row: dict[str, Any] = {"case": name}
+        for key in MEASURES:
+            a, b = ours.get(key), theirs.get(key)
+            row[key.removesuffix("_ms") + "_ratio"] = a / b if a and b else None
+        rows.append(row)
+    return rows
+
+
 def format_table(results: dict[str, dict[str, Any]]) -> str:
     lines = [f"{'case':<10} {'measure':<13} {'dynask':>9} {'Dynamo':>9} {'ours/Dynamo':>12}"]
     for name, sides in results.items():
         ours, theirs = sides.get("dynask", {}), sides.get("dynamo", {})
-        for key in ("ttft_mean_ms", "itl_mean_ms", "e2e_p50_ms"):
+        for key in MEASURES:
             a, b = ours.get(key), theirs.get(key)
             ratio = f"{a / b:.3f}" if a and b else "-"
             cells = [f"{v:9.1f}" if v is not None else f"{'-':>9}" for v in (a, b)]
@@ -102,9 +118,15 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="mocker-timing-") as tmp:
         results = {name: run_case(name, Path(tmp)) for name in names}
     print("\n" + format_table(results))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"cases": {n: CASES[n] for n in names}, "results": results},
-                                   indent=2) + "\n")  # fmt: skip
+    document = {
+        "benchmark": "mocker_timing_check",
+        "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
+        "cases": {name: CASES[name] for name in names},
+        "rows": [{"case": name, "system": system, **measures}
+                 for name, sides in results.items() for system, measures in sides.items()],
+        "ours_over_dynamo": ratio_rows(results),
+    }  # fmt: skip
+    write_json(args.out, document)  # and its PNG
     print(f"wrote {args.out}")
 
 

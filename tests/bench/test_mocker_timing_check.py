@@ -3,7 +3,7 @@ the Dynamo peer and are run by hand; see the module)."""
 
 from __future__ import annotations
 
-from bench.routing.mocker_timing_check import CASES, case_lines, format_table
+from bench.routing.mocker_timing_check import CASES, case_lines, format_table, ratio_rows
 
 
 def test_mixed_case_is_four_decodes_then_twenty_spaced_prompts() -> None:
@@ -25,3 +25,11 @@ def test_table_gives_ours_over_dynamo() -> None:
     assert table[1].split() == ["lone4k", "ttft_mean_ms", "110.0", "100.0", "1.100"]
     assert table[2].split()[-1] == "1.250"
     assert table[3].split() == ["lone4k", "e2e_p50_ms", "200.0", "-", "-"]
+
+
+def test_ratio_rows_are_ours_over_dynamo_per_case() -> None:
+    sides = {"dynask": {"ttft_mean_ms": 110.0, "itl_mean_ms": 5.0, "e2e_p50_ms": 200.0},
+             "dynamo": {"ttft_mean_ms": 100.0, "itl_mean_ms": 4.0, "e2e_p50_ms": None}}  # fmt: skip
+    assert ratio_rows({"lone4k": sides}) == [
+        {"case": "lone4k", "ttft_mean_ratio": 1.1, "itl_mean_ratio": 1.25, "e2e_p50_ratio": None}
+    ]

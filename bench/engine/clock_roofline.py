@@ -4,12 +4,13 @@ The roofline's matrix rate (``cuda.matmul_rate``) is timed as a ~20 ms burst, sh
 that the GPU runs it at the clock of the copy and idle before it; a long compute-heavy
 phase (decode at 256 rows, an 8k prefill) holds the power cap and runs at a lower SM clock
 (``gpu_clocks``). A GPU's matrix rate is proportional to its SM clock, so the rate a phase
-could have reached is the burst's times the phase's mean clock over the burst phase's
-mean clock: for a batch, its runs' decode phases (``throughput`` marks each run's prefill
+could have reached is the burst's times the phase's mean clock over the burst's clock
+(``burst_clock``): for a batch, its runs' decode phases (``throughput`` marks each run's prefill
 and decode apart), for the prefill rows, the prefill phase. The roofline with that rate
 tells how much of a step's distance from the issue's roofline is the clock and how much
-the kernels. The burst phase (the copy bandwidth and the matmul burst) is assumed to run at
-the clock its samples show; a burst shorter than the sampling interval is not seen alone.
+the kernels. The burst (~20 ms, shorter than the power cap takes to act) is taken to run at
+the highest clock sampled in its phase; a burst shorter than the sampling interval is not
+seen alone.
 
 The issue's goals stay judged against the burst rate (``ThroughputRow.roofline_fraction``);
 this is a second column, not a new goal.
@@ -52,9 +53,19 @@ def phase_clocks(clocks: list[dict[str, Any]]) -> dict[str, float]:
     return {name: total / count for name, (total, count) in pooled.items()}
 
 
-def clock_ratio(clocks: dict[str, float], phase: str) -> float | None:
-    """The phase's mean clock over the burst phase's; None if either went unsampled."""
-    burst, ran = clocks.get(RATES_PHASE), clocks.get(phase)
+def burst_clock(clocks: list[dict[str, Any]]) -> float | None:
+    """The clock the matmul burst ran at: the highest sampled in the burst phase (the GPU
+    idles at a low clock before it, 345 MHz on the H200, so the phase's mean says
+    nothing), else the GPU's maximum (results sampled before ``sm_mhz_peak`` existed)."""
+    rows = [row for row in clocks if row.get("samples") and row["phase"] == RATES_PHASE]
+    if not rows:
+        return None
+    return max(row.get("sm_mhz_peak", row["max_sm_mhz"]) for row in rows)
+
+
+def clock_ratio(clocks: dict[str, float], burst: float | None, phase: str) -> float | None:
+    """The phase's mean clock over the burst's; None if either went unsampled."""
+    ran = clocks.get(phase)
     return ran / burst if burst and ran else None
 
 
@@ -76,6 +87,7 @@ def shape_of(report: dict[str, Any]) -> DecodeShape:
 def decode_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     """Per batch: the step, the issue's roofline and the roofline at the phase's clock."""
     clocks = phase_clocks(report.get("gpu_clocks", []))
+    burst = burst_clock(report.get("gpu_clocks", []))
     shape = shape_of(report)
     bandwidth = report["copy_bandwidth_gb_s"] * 1e9
     rate = report["bf16_matmul_tflop_s"] * 1e12
@@ -84,7 +96,8 @@ def decode_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
         step, context = row["decode_step_ms"], row["decode_mean_context"]
         if not step or not context:
             continue
-        ratio = clock_ratio(clocks, batch_phase(row["batch"], row["decode_burst"]) + " decode")
+        phase = batch_phase(row["batch"], row["decode_burst"]) + " decode"
+        ratio = clock_ratio(clocks, burst, phase)
         roof = decode_floors(shape, row["batch"], context, bandwidth, rate).roofline_s * 1e3
         at_clock = None
         if ratio is not None:
@@ -103,7 +116,7 @@ def prefill_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     clocks = phase_clocks(report.get("gpu_clocks", []))
     prefill = report.get("prefill") or []
     phase = "prefill " + ",".join(str(p["prompt_len"]) for p in prefill)
-    ratio = clock_ratio(clocks, phase)
+    ratio = clock_ratio(clocks, burst_clock(report.get("gpu_clocks", [])), phase)
     rows = []
     for p in prefill:
         share = p.get("of_matmul_rate")

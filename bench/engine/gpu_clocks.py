@@ -144,8 +144,8 @@ def read_samples(path: Path, reason_names: tuple[str, ...]) -> list[Sample]:
 def summarize(
     samples: list[Sample], phases: list[tuple[str, float, float]]
 ) -> list[dict[str, Any]]:
-    """Per phase: its samples' mean and lowest SM clock, mean power, and the share of
-    samples with each clock-event reason active."""
+    """Per phase: its samples' mean, lowest and highest SM clock, mean power, and the share
+    of samples with each clock-event reason active."""
     rows = []
     for name, start, end in phases:
         inside = [s for s in samples if start <= s.at <= end]
@@ -155,6 +155,7 @@ def summarize(
             count = len(inside)
             row["sm_mhz_mean"] = round(sum(s.sm_mhz for s in inside) / count, 1)
             row["sm_mhz_min"] = min(s.sm_mhz for s in inside)
+            row["sm_mhz_peak"] = max(s.sm_mhz for s in inside)
             row["max_sm_mhz"] = inside[0].max_sm_mhz
             row["power_w_mean"] = round(sum(s.power_w for s in inside) / count, 1)
             row["power_limit_w"] = inside[0].power_limit_w

@@ -16,7 +16,8 @@ RATES = clock_roofline.RATES_PHASE
 
 
 def _clock(phase: str, mhz: float) -> dict[str, Any]:
-    return {"phase": phase, "seconds": 1.0, "samples": 10, "sm_mhz_mean": mhz}
+    return {"phase": phase, "seconds": 1.0, "samples": 10, "sm_mhz_mean": mhz,
+            "sm_mhz_peak": mhz, "max_sm_mhz": 1980.0}  # fmt: skip
 
 
 def _report(bandwidth_gb_s: float, tflop_s: float, clocks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -71,3 +72,13 @@ def test_a_phase_marked_once_per_run_is_pooled_by_samples() -> None:
     clocks = clock_roofline.phase_clocks([*runs, _clock("batch 8 prefill", 900.0)])
     assert clocks["batch 8 decode"] == (1200.0 * 30 + 1800.0 * 10) / 40
     assert clocks["batch 8 prefill"] == 900.0
+
+
+def test_the_burst_runs_at_the_highest_clock_of_its_phase() -> None:
+    # The GPU idles at 345 MHz before the burst: the phase's mean is not the burst's clock.
+    rates = {**_clock(RATES, 890.0), "sm_mhz_peak": 1980.0}
+    assert clock_roofline.burst_clock([rates, _clock("batch 8 decode", 1650.0)]) == 1980.0
+    # A result sampled before the peak was recorded falls back to the GPU's maximum clock.
+    older = {k: v for k, v in _clock(RATES, 890.0).items() if k != "sm_mhz_peak"}
+    assert clock_roofline.burst_clock([{**older, "max_sm_mhz": 1755.0}]) == 1755.0
+    assert clock_roofline.burst_clock([_clock("batch 8 decode", 1650.0)]) is None

@@ -60,6 +60,7 @@ def test_summarize_cuts_samples_into_phases() -> None:
         "samples": 2,
         "sm_mhz_mean": 1980.0,
         "sm_mhz_min": 1980.0,
+        "sm_mhz_peak": 1980.0,
         "max_sm_mhz": 1980.0,
         "power_w_mean": 110.0,
         "power_limit_w": 700.0,
@@ -67,6 +68,7 @@ def test_summarize_cuts_samples_into_phases() -> None:
         "reason_share": {},
     }
     assert rows[1]["sm_mhz_mean"] == 1753.3 and rows[1]["sm_mhz_min"] == 1700.0
+    assert rows[1]["sm_mhz_peak"] == 1800.0
     assert rows[1]["power_w_mean"] == 680.0
     assert rows[1]["reason_share"] == {"sw_power_cap": 0.667}
     assert rows[2] == {"phase": "none", "seconds": 1.0, "samples": 0}

@@ -60,7 +60,7 @@ def burst_clock(clocks: list[dict[str, Any]]) -> float | None:
     rows = [row for row in clocks if row.get("samples") and row["phase"] == RATES_PHASE]
     if not rows:
         return None
-    return max(row.get("sm_mhz_peak", row["max_sm_mhz"]) for row in rows)
+    return max(float(row.get("sm_mhz_peak", row["max_sm_mhz"])) for row in rows)
 
 
 def clock_ratio(clocks: dict[str, float], burst: float | None, phase: str) -> float | None:

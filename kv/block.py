@@ -21,13 +21,17 @@ class Block:
 
     ``ref_cnt`` counts the requests using the block; at 0 it sits in the free queue.
     ``block_hash`` and ``token_ids`` are set while the block is registered in the prefix
-    cache. Blocks compare by identity (``eq=False``): two blocks are never interchangeable.
+    cache. ``reused`` is set when a request took the block from the prefix cache (a hit)
+    and cleared when it is evicted or demoted: the free queue keeps reused blocks in its
+    protected segment (``kv.free_queue.SegmentedFreeQueue``). Blocks compare by identity
+    (``eq=False``): two blocks are never interchangeable.
     """
 
     block_id: BlockId
     ref_cnt: int = 0
     block_hash: SequenceHash | None = None
     token_ids: tuple[int, ...] | None = None
+    reused: bool = False
     # Intrusive free-list links, owned by FreeBlockQueue. Left out of repr: they would
     # print the whole queue (and recurse).
     prev_free: Block | None = field(default=None, repr=False)

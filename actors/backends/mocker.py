@@ -230,7 +230,10 @@ def _engine_config(config: MockerConfig) -> EngineConfig:
 
 def _mocker_parts(config: MockerConfig, tokenizer: Any, runner: SimulatedRunner) -> EngineParts:
     kv_manager, event_log = KVCacheManager.build(
-        config.num_kv_blocks, config.block_size, config.enable_prefix_caching
+        config.num_kv_blocks,
+        config.block_size,
+        config.enable_prefix_caching,
+        config.prefix_cache_protected_share,
     )
     plan = KVCachePlan(
         num_blocks=config.num_kv_blocks,

@@ -25,6 +25,7 @@ class MockerConfig:
     max_num_batched_tokens: int = 8192
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
+    prefix_cache_protected_share: float = 0.5  # kv.block_pool.DEFAULT_PROTECTED_SHARE
     speedup_ratio: float = 1.0  # 0 or inf: no sleeping
     prefill_ms_base: float = 0.0  # per step that prefills anything (Dynamo's fit: 16.5)
     prefill_ms_per_token: float = 0.074
@@ -71,6 +72,12 @@ class MockerConfig:
             "decode_ms_per_kv_usage_squared",
             squared,
             f"a finite number >= -decode_ms_per_kv_usage ({-self.decode_ms_per_kv_usage})",
+        )
+        _check(
+            0 <= self.prefix_cache_protected_share <= 1,
+            "prefix_cache_protected_share",
+            self.prefix_cache_protected_share,
+            "a number in [0, 1]",
         )
         _check(
             0 <= self.eos_probability <= 1,

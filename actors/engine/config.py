@@ -52,6 +52,9 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     enable_prefix_caching: bool = True
+    # Share of the cache that blocks hit at least once may hold ahead of blocks used once
+    # (segmented LRU, kv.free_queue); 0 is plain LRU.
+    prefix_cache_protected_share: float = 0.5  # kv.block_pool.DEFAULT_PROTECTED_SHARE
     cuda_graphs: bool = True  # decode steps replayed from CUDA graphs (CUDA only)
     decode_burst: int = 1  # greedy decode steps per host sync (1: off)
     async_scheduling: bool | None = None  # next decode step launched first (None: on CUDA)
@@ -67,6 +70,12 @@ class EngineConfig:
         self._check_offload()
         _check(self.block_size >= 1, "block_size", self.block_size, "an integer >= 1")
         _check(self.kv_cache_gib > 0, "kv_cache_gib", self.kv_cache_gib, "a number > 0")
+        _check(
+            0 <= self.prefix_cache_protected_share <= 1,
+            "prefix_cache_protected_share",
+            self.prefix_cache_protected_share,
+            "a number in [0, 1]",
+        )
         _check(
             0 < self.gpu_memory_utilization <= 1,
             "gpu_memory_utilization",

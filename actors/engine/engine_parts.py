@@ -138,7 +138,10 @@ def assemble_engine_parts(config: EngineConfig, loaded: LoadedModel, started: fl
     if device.type == "cuda" and config.cuda_graphs:
         runner.capture_decode_graphs(config.max_num_seqs, plan.max_model_len)
     kv_manager, event_log = KVCacheManager.build(
-        plan.num_blocks, plan.block_size, config.enable_prefix_caching
+        plan.num_blocks,
+        plan.block_size,
+        config.enable_prefix_caching,
+        config.prefix_cache_protected_share,
     )
     offload = build_kv_offload(config, spec, runner.kv_caches, event_log, loaded.origin)
     if offload is not None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from dynask.actors.engine.sequence import Sequence
 from dynask.kv.block import ceil_div
-from dynask.kv.block_pool import Block, BlockPool, CachedBlock
+from dynask.kv.block_pool import DEFAULT_PROTECTED_SHARE, Block, BlockPool, CachedBlock
 from dynask.kv.events import KVEventLog
 from dynask.kv.hashing import SequenceHash, chain_hash, local_block_hash, local_block_hashes
 from dynask.kv.offload import KVOffload, Onboarding
@@ -55,12 +55,20 @@ class KVCacheManager:
 
     @classmethod
     def build(
-        cls, num_blocks: int, block_size: int, enable_prefix_caching: bool
+        cls,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool,
+        protected_share: float = DEFAULT_PROTECTED_SHARE,
     ) -> tuple[KVCacheManager, KVEventLog]:
         """A manager over a fresh pool, and the event log that pool reports to."""
         event_log = KVEventLog()
         pool = BlockPool(
-            num_blocks, block_size, enable_prefix_caching=enable_prefix_caching, event_log=event_log
+            num_blocks,
+            block_size,
+            enable_prefix_caching=enable_prefix_caching,
+            event_log=event_log,
+            protected_share=protected_share,
         )
         return cls(pool, block_size), event_log
 

@@ -24,6 +24,13 @@ class EngineFlags:
     kv_disk_min_uses: int | None = flag(
         "--kv-disk-min-uses", None, "uses before a block goes to disk", type=int
     )
+    prefix_cache_protected_share: float | None = flag(
+        "--prefix-cache-protected-share",
+        None,
+        "share of the KV cache that reused prefix blocks may hold ahead of blocks used once "
+        "(segmented LRU; 0: plain LRU; default 0.5)",
+        type=float,
+    )
     max_model_len: int | None = flag("--max-model-len", None, type=int)
     max_num_seqs: int | None = flag("--max-num-seqs", None, type=int)
     max_num_batched_tokens: int | None = flag(

@@ -397,3 +397,61 @@ def test_num_cached_prefix_counts_leading_hashes_only():
     assert pool.num_cached_prefix(A_HASHES) == 3
     assert pool.num_cached_prefix([SequenceHash(12345), *A_HASHES]) == 0
     assert pool.num_cached_prefix([]) == 0
+
+
+B = [11, 12, 13, 14]  # two full blocks, sharing nothing with A
+
+
+def test_a_reused_prefix_outlasts_blocks_used_once():
+    pool, log = make_pool(6, protected_share=0.5)
+    pool.free_request_blocks(run_request(pool, A))  # blocks 0-2
+    hits = lookup(pool, [*A, 7])
+    pool.touch(hits)  # a second request takes A from the cache: reused
+    pool.free_request_blocks(hits)
+    pool.free_request_blocks(run_request(pool, B))  # 3, 4, then 5 evicts nothing cached
+    # Probation (B's blocks, tail first, after the never-used 5), then protected (A's,
+    # tail first; capacity 3 of 6).
+    assert free_ids(pool) == [5, 4, 3, 2, 1, 0]
+    log.drain()
+    assert ids(pool.allocate(3)) == [5, 4, 3]  # B goes before A, though freed later
+    assert log.drain() == [KVEventRecord(6, BlockRemoved(tuple(reversed(seq_hashes(B)))))]
+    assert ids(lookup(pool, A)) == [0, 1, 2]
+
+
+def test_plain_lru_evicts_the_least_recently_freed():
+    pool, _ = make_pool(6, protected_share=0.0)
+    pool.free_request_blocks(run_request(pool, A))
+    hits = lookup(pool, [*A, 7])
+    pool.touch(hits)
+    pool.free_request_blocks(hits)
+    pool.free_request_blocks(run_request(pool, B))
+    assert free_ids(pool) == [5, 2, 1, 0, 4, 3]
+    assert ids(pool.allocate(4)) == [5, 2, 1, 0]
+
+
+def test_an_evicted_block_is_no_longer_reused():
+    pool, _ = make_pool(3, protected_share=1.0)
+    pool.free_request_blocks(run_request(pool, A))
+    pool.touch(lookup(pool, A))
+    pool.free_request_blocks(lookup(pool, A))
+    blocks = pool.allocate(3)
+    assert [block.reused for block in blocks] == [False, False, False]
+    pool.free(blocks)
+    assert free_ids(pool) == [2, 1, 0]
+    assert pool._free_queue.num_protected == 0
+
+
+def test_reset_requeues_every_block_unprotected():
+    pool, _ = make_pool(4, protected_share=0.5)
+    pool.free_request_blocks(run_request(pool, A))
+    pool.touch(lookup(pool, A))
+    pool.free_request_blocks(lookup(pool, A))
+    assert pool.reset_prefix_cache()
+    assert free_ids(pool) == [3, 2, 1, 0]
+    assert not any(block.reused for block in pool._blocks)
+
+
+@pytest.mark.parametrize("share", [-0.1, 1.5])
+def test_protected_share_is_validated(share):
+    with pytest.raises(ValueError, match=f"protected_share must be in \\[0, 1\\], got {share}"):
+        make_pool(protected_share=share)

@@ -1,7 +1,7 @@
 import pytest
 
 from dynask.kv.block import Block, BlockId
-from dynask.kv.free_queue import FreeBlockQueue
+from dynask.kv.free_queue import FreeBlockQueue, SegmentedFreeQueue
 
 
 def make_blocks(n: int) -> list[Block]:
@@ -77,7 +77,9 @@ def test_append_present_block_raises(index):
 def test_block_repr_omits_links():
     blocks = make_blocks(2)
     FreeBlockQueue(blocks)
-    assert repr(blocks[0]) == "Block(block_id=0, ref_cnt=0, block_hash=None, token_ids=None)"
+    assert repr(blocks[0]) == (
+        "Block(block_id=0, ref_cnt=0, block_hash=None, token_ids=None, reused=False)"
+    )
 
 
 def test_block_validates_fields():
@@ -106,3 +108,53 @@ def test_popleft_many_past_the_length_raises_and_changes_nothing():
     with pytest.raises(IndexError, match="popleft_many"):
         queue.popleft_many(3)
     assert ids(queue) == [0, 1]
+
+
+def segment_ids(queue: SegmentedFreeQueue) -> list[int]:
+    return [block.block_id for block in queue]
+
+
+def test_segmented_queue_evicts_probation_before_protected():
+    blocks = make_blocks(5)
+    queue = SegmentedFreeQueue(blocks[:3], protected_capacity=2)
+    blocks[3].reused = blocks[4].reused = True
+    queue.append(blocks[4])
+    queue.append(blocks[3])
+    assert segment_ids(queue) == [0, 1, 2, 4, 3]
+    assert (len(queue), queue.num_protected) == (5, 2)
+    assert [b.block_id for b in queue.popleft_many(4)] == [0, 1, 2, 4]
+    assert segment_ids(queue) == [3]
+
+
+def test_segmented_queue_demotes_the_least_recently_freed_protected_block():
+    blocks = make_blocks(4)
+    queue = SegmentedFreeQueue(blocks[:1], protected_capacity=2)
+    for block in blocks[1:]:
+        block.reused = True
+        queue.append(block)
+    # Block 1 was freed first of the protected ones: demoted to probation's tail.
+    assert segment_ids(queue) == [0, 1, 2, 3]
+    assert queue.num_protected == 2
+    assert [b.reused for b in blocks] == [False, False, True, True]
+    queue.remove(blocks[2])
+    queue.remove(blocks[1])
+    assert segment_ids(queue) == [0, 3]
+    assert blocks[1] not in queue and blocks[3] in queue
+
+
+def test_segmented_queue_of_capacity_zero_is_plain_lru():
+    blocks = make_blocks(4)
+    queue = SegmentedFreeQueue(blocks[:2], protected_capacity=0)
+    blocks[3].reused = True
+    queue.append(blocks[3])
+    queue.append(blocks[2])
+    assert segment_ids(queue) == [0, 1, 3, 2]
+    assert queue.num_protected == 0 and not blocks[3].reused
+
+
+def test_segmented_queue_refuses_bad_counts():
+    queue = SegmentedFreeQueue(make_blocks(2), protected_capacity=1)
+    with pytest.raises(IndexError, match=r"popleft_many\(3\) from a queue of 2 blocks"):
+        queue.popleft_many(3)
+    with pytest.raises(ValueError, match="protected_capacity must be >= 0, got -1"):
+        SegmentedFreeQueue(protected_capacity=-1)

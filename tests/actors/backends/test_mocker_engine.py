@@ -327,12 +327,34 @@ def test_mocker_is_an_engine(tokenizer: Any) -> None:
             "MockerConfig 'eos_probability' has value 1.5; expected a number in [0, 1]",
         ),
         ({"vocab_size": 1}, "MockerConfig 'vocab_size' has value 1; expected an integer >= 2"),
+        (
+            {"prefix_cache_protected_share": -0.5},
+            "MockerConfig 'prefix_cache_protected_share' has value -0.5; expected a number in",
+        ),
     ],
 )
 def test_config_errors_name_field_and_value(overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError) as error:
         MockerConfig(**overrides)
     assert str(error.value).startswith(message)
+
+
+@pytest.mark.parametrize(("share", "cached"), [(0.5, 16), (0.0, 0)])
+def test_a_reused_prefix_outlasts_prompts_seen_once(tokenizer: Any, share: float, cached: int):
+    # 16 blocks of 4 tokens; each 17-token prompt and its 3 tokens take 5. The hot prompt
+    # is served twice (its 4 full prompt blocks hit: reused), then four prompts seen once
+    # need 20 blocks: under segmented LRU they evict each other and the blocks never hit,
+    # under plain LRU (share 0) the hot prompt's too.
+    engine = mocker(tokenizer, num_kv_blocks=16, prefix_cache_protected_share=share)
+    hot = [100 + i for i in range(17)]
+    engine.generate([hot], PARAMS)
+    engine.generate([hot], PARAMS)
+    for base in (1000, 2000, 3000, 4000):
+        engine.generate([[base + i for i in range(17)]], PARAMS)
+
+    again = engine.generate([hot], PARAMS)[0]
+
+    assert again.usage is not None and again.usage.cached_tokens == cached
 
 
 def test_prompt_outside_the_vocabulary_is_refused(tokenizer: Any) -> None:

@@ -15,11 +15,24 @@ from dynask.actors.engine.config import EngineConfig
         ("dtype", "fp8", "EngineConfig 'dtype' has value 'fp8'; expected one of auto, float32"),
         ("device", "tpu", "EngineConfig 'device' has value 'tpu'; expected auto, cpu, cuda"),
         ("max_model_len", 1, "EngineConfig 'max_model_len' has value 1; expected an integer >= 2"),
+        (
+            "prefix_cache_protected_share",
+            1.5,
+            "EngineConfig 'prefix_cache_protected_share' has value 1.5; expected a number in",
+        ),
     ],
 )
 def test_bad_values_are_named(field: str, value: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         EngineConfig(**{field: value})  # type: ignore[arg-type]
+
+
+def test_the_protected_share_defaults_to_the_pools() -> None:
+    from dynask.actors.backends.mocker_config import MockerConfig
+    from dynask.kv.block_pool import DEFAULT_PROTECTED_SHARE
+
+    assert EngineConfig().prefix_cache_protected_share == DEFAULT_PROTECTED_SHARE
+    assert MockerConfig().prefix_cache_protected_share == DEFAULT_PROTECTED_SHARE
 
 
 def test_cuda_requested_without_a_gpu_is_a_clear_error() -> None:

@@ -38,3 +38,16 @@ def test_cuda_fast_paths_flag_turns_them_on() -> None:
 def test_cuda_fast_paths_takes_no_value() -> None:
     with pytest.raises(SystemExit):
         _engine_args(["--cuda-fast-paths", "yes"])
+
+
+def test_the_protected_share_flag_reaches_the_engine_and_the_mocker() -> None:
+    args = _engine_args(["--prefix-cache-protected-share", "0"])
+    assert args == {"prefix_cache_protected_share": 0.0}
+    assert EngineConfig(**args).prefix_cache_protected_share == 0.0  # type: ignore[arg-type]
+    for kind in ("torch", "mocker"):
+        assert EngineSpec(kind, engine_args=args).engine_args == args
+
+
+def test_a_protected_share_out_of_range_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="'prefix_cache_protected_share' has value 2.0"):
+        EngineSpec("mocker", engine_args={"prefix_cache_protected_share": 2.0})

@@ -95,13 +95,17 @@ def ratio_rows(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def format_table(results: dict[str, dict[str, Any]]) -> str:
+    """Each case's measures, both sides and ``ratio_rows``' ours/Dynamo."""
     lines = [f"{'case':<10} {'measure':<13} {'dynask':>9} {'Dynamo':>9} {'ours/Dynamo':>12}"]
-    for name, sides in results.items():
+    for (name, sides), ratios in zip(results.items(), ratio_rows(results), strict=True):
         ours, theirs = sides.get("dynask", {}), sides.get("dynamo", {})
         for key in MEASURES:
-            a, b = ours.get(key), theirs.get(key)
-            ratio = f"{a / b:.3f}" if a and b else "-"
-            cells = [f"{v:9.1f}" if v is not None else f"{'-':>9}" for v in (a, b)]
+            value = ratios[key.removesuffix("_ms") + "_ratio"]
+            ratio = f"{value:.3f}" if value is not None else "-"
+            cells = [
+                f"{v:9.1f}" if v is not None else f"{'-':>9}"
+                for v in (ours.get(key), theirs.get(key))
+            ]
             lines.append(f"{name:<10} {key:<13} {cells[0]} {cells[1]} {ratio:>12}")
     return "\n".join(lines)
 

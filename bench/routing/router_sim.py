@@ -270,6 +270,15 @@ POLICIES: dict[str, Callable[[], Policy]] = {
 OURS = frozenset({"kv", "approximate", "least-loaded"})
 
 
+def engine_config(ours: bool) -> MockerConfig:
+    """The mocker at the timing matched to Dynamo's; Dynamo's mocker evicts plain LRU
+    (its ``LRUEvictor``), ours the pool's segmented LRU at its default share."""
+    timing = matched_timing(64)
+    if ours:
+        return MockerConfig(**timing)
+    return MockerConfig(**timing, prefix_cache_protected_share=0.0)
+
+
 def main(argv: list[str] | None = None) -> None:
     from bench.routing.router_sim_queue import RouterQueueSimulation  # it imports this module
 
@@ -329,6 +338,7 @@ def main(argv: list[str] | None = None) -> None:
                         args.actors,
                         POLICIES[name](),
                         warm=warm,
+                        config=engine_config(name in OURS),
                         prefill_progress=progress and name in OURS,
                         predictions_outlive_evictions=outlive or name not in OURS,
                     ),

@@ -17,6 +17,8 @@ shorten it. These experiments ask whether a router could get them:
   starts, not when it ends (and ``event_delay_ms`` after).
 - ``engine-touch`` (an engine change, for scale): an engine keeps a queued prompt's
   cached prefix from being evicted first while it waits.
+- ``plain-lru`` (the engines before 2026-12-06): our router over engines that evict
+  plain LRU, as Dynamo's mocker does, instead of the pool's segmented LRU.
 
 Each runs at several KV-event delays (``--delays``), because a single run's p99 moves
 ±8% with a 20 ms change of delay (the dynamics are chaotic): only a change that holds at
@@ -42,7 +44,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.routing.router_sim import PRODUCT, TRACE, Policy, Simulation, router_policy
+from bench.routing.router_sim import (
+    PRODUCT,
+    TRACE,
+    Policy,
+    Simulation,
+    engine_config,
+    router_policy,
+)
 from bench.routing.sim_engine import BlockKey, SimEngine, SimSequence
 from bench.routing.trace import load_trace, parse_slice, warm_and_slice
 from dynask.actors.backends.mocker_config import MockerConfig
@@ -120,6 +129,14 @@ class TouchOnArrivalSimulation(Simulation):
                 engine.free_cached.move_to_end(key)
 
 
+class PlainLRUSimulation(Simulation):
+    """Our router over engines that evict plain LRU (share 0), Dynamo's mocker's cache."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["config"] = engine_config(ours=False)
+        super().__init__(*args, **kwargs)
+
+
 class AgedEngine(SimEngine):
     """A ``SimEngine`` that notes when it freed each cached block."""
 
@@ -190,6 +207,7 @@ EXPERIMENTS: dict[str, Experiment] = {
     "eviction-age": (EvictionAgeSimulation, eviction_age_policy),
     "early-evictions": (EarlyEvictionSimulation, _product),
     "engine-touch": (TouchOnArrivalSimulation, _product),
+    "plain-lru": (PlainLRUSimulation, _product),
     **{
         f"r{r:g}-d{d:g}": (Simulation, _weights(r, d))
         for r, d in ((2, 0.1), (4, 0.1), (6, 0.1), (10, 0.1), (3, 0), (3, 0.05), (3, 0.3))
@@ -207,6 +225,7 @@ def _dynamo_summary(text: str, speedup: float, warm: int) -> dict[str, float]:
         4,
         _dynamo(),
         warm=len(warm_requests),
+        config=engine_config(ours=False),
         prefill_progress=False,
         predictions_outlive_evictions=True,
     ).run()

@@ -11,7 +11,11 @@ follows):
 - The cache is the engine's block pool: ``num_kv_blocks`` blocks, a block held by a
   running sequence is never evicted, a freed one joins the free queue (a sequence's
   blocks tail first, so shared prefixes go last) and the queue's head is evicted when
-  blocks are allocated. A sequence that cannot get its blocks waits (admission) or
+  blocks are allocated. The queue is segmented as the pool's (``kv.free_queue``): a
+  block a sequence took from the cache is freed into the protected segment (at most
+  ``prefix_cache_protected_share`` of the blocks; beyond it the least recently freed is
+  demoted), evicted only once the probation segment is empty; share 0 is plain LRU
+  (Dynamo's mocker). A sequence that cannot get its blocks waits (admission) or
   preempts the most recently admitted one (running), which starts again later. Full
   prompt blocks enter the cache as they are computed, and the step reports the blocks
   stored and evicted (the KV events). Not modelled: host time.
@@ -108,6 +112,9 @@ class SimEngine:
         self.running: list[SimSequence] = []
         self.refs: dict[BlockKey, int] = {}  # cached blocks -> sequences holding them
         self.free_cached: OrderedDict[BlockKey, None] = OrderedDict()  # head: evicted first
+        self.free_protected: OrderedDict[BlockKey, None] = OrderedDict()  # after free_cached
+        self.reused: set[BlockKey] = set()  # taken from the cache since it was stored
+        self.protected_capacity = int(config.num_kv_blocks * config.prefix_cache_protected_share)
         self.free_plain = config.num_kv_blocks  # free blocks no prompt can hit
         self.busy_until: float | None = None
         self.preemptions = 0
@@ -134,7 +141,7 @@ class SimEngine:
     # The block pool.
 
     def _num_free(self) -> int:
-        return self.free_plain + len(self.free_cached)
+        return self.free_plain + len(self.free_cached) + len(self.free_protected)
 
     def _take(self, count: int) -> None:
         """Allocates ``count`` blocks: plain ones first, then evicts the free queue's head
@@ -143,8 +150,9 @@ class SimEngine:
         plain = min(count, self.free_plain)
         self.free_plain -= plain
         for _ in range(count - plain):
-            key, _ = self.free_cached.popitem(last=False)
+            key, _ = (self.free_cached or self.free_protected).popitem(last=False)
             del self.refs[key]
+            self.reused.discard(key)
             self._removed.append(key)
 
     def _allocate(self, seq: SimSequence, tokens: int) -> bool:
@@ -161,7 +169,11 @@ class SimEngine:
         for key in reversed(seq.held):
             self.refs[key] -= 1
             if self.refs[key] == 0:
-                self.free_cached[key] = None
+                (self.free_protected if key in self.reused else self.free_cached)[key] = None
+        while len(self.free_protected) > self.protected_capacity:
+            key, _ = self.free_protected.popitem(last=False)
+            self.reused.discard(key)
+            self.free_cached[key] = None
         self.free_plain += seq.num_blocks - len(seq.held)
         seq.held, seq.num_blocks = [], 0
 
@@ -192,8 +204,9 @@ class SimEngine:
             return 0
         for key in keys:
             if self.refs[key] == 0:
-                del self.free_cached[key]
+                (self.free_protected if key in self.reused else self.free_cached).pop(key)
             self.refs[key] += 1
+            self.reused.add(key)
         seq.held, seq.num_blocks, seq.computed = list(keys), hit, computed
         if seq.preemptions == 0:
             seq.cached_tokens = computed

@@ -28,7 +28,9 @@ of T uncached tokens, decode 5.74 + 54.01·u − 25.74·u² ms per step at u = t
 sequences' KV blocks over all blocks (Dynamo's polynomial; measured here with 1 worker:
 16 sequences of 8k tokens decode at 11.8 ms/token, u = 0.12 gives 11.96; 32 of 16k at
 23.5, u = 0.49 gives 26.2). Both mockers make a step last its model time, host work
-included.
+included. The caches differ as the engines do: Dynamo's mocker evicts plain LRU, ours
+the pool's segmented LRU (``kv.free_queue``; ``--dynask-engine-args
+'{"prefix_cache_protected_share": 0}'`` makes ours plain LRU too).
 
 ``--warm N`` replays the N requests before the slice first, on the same clock and tokens
 (the trace running on into the slice), so the slice meets the caches and the queues its
@@ -118,6 +120,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--kv-overlap-weight", help="dynask's w (default: the product's)")
     parser.add_argument("--kv-decode-weight", help="dynask's decode weight (default: product's)")
     parser.add_argument("--kv-recompute-weight", help="dynask's r (default: the product's)")
+    parser.add_argument(
+        "--dynask-engine-args",
+        type=json.loads,
+        default={},
+        help="JSON: mocker arguments over the matched timing, dynask's side only",
+    )
     parser.add_argument("--endpoints", default="", help="URL1,URL2: running servers (endpoints:)")
     parser.add_argument("--model", default=DYNASK_MODEL, help="the model name at --endpoints")
     parser.add_argument("--out", type=Path, default=RESULTS / "trace_replay.json")
@@ -386,6 +394,7 @@ def main(argv: list[str]) -> int:
         "actors": args.actors,
         "block_size": args.block_size,
         "matched_timing": matched_timing(args.block_size),
+        "dynask_engine_args": args.dynask_engine_args,
         "dynask_weights": {
             "overlap": args.kv_overlap_weight,
             "decode": args.kv_decode_weight,

@@ -66,7 +66,7 @@ def dynask_server(
     argv = [
         str(PYTHON),
         *("-m", "bench.routing.server", "--engine", "mocker"),
-        *("--engine-args", json.dumps(matched_timing(args.block_size))),
+        *("--engine-args", json.dumps(matched_timing(args.block_size) | args.dynask_engine_args)),
         *("--actors", str(args.actors), "--workers", str(args.workers)),
     ]
     for port in ports["synced"]:

@@ -159,6 +159,38 @@ def test_a_finished_prompts_blocks_are_evicted_tail_first() -> None:
     assert engine.cached_prefix_blocks(first) == 2  # its first two blocks still hit
 
 
+def _one_block_prompt(index: int, hash_id: int, tokens: int) -> SimSequence:
+    """A prompt of ``tokens`` (at most 512) in trace block ``hash_id``, one output token."""
+    keys = block_keys(TraceRequest(0.0, tokens, 1, (hash_id,)), 64)
+    return SimSequence(index, 0.0, tokens, 1, keys)
+
+
+@pytest.mark.parametrize(
+    ("share", "removed", "prefix_left"),
+    [
+        (0.5, [(1, 3), (2, 1), (2, 0), (1, 2)], 2),  # segmented: the used-once blocks first
+        (0.0, [(1, 3), (1, 2), (1, 1), (1, 0)], 0),  # plain LRU: those freed longest ago
+    ],
+)
+def test_a_prefix_hit_once_outlasts_blocks_used_once(
+    share: float, removed: list, prefix_left: int
+) -> None:
+    engine = SimEngine("actor-0", dataclasses.replace(SMALL, prefix_cache_protected_share=share))
+    end = 0.0
+    # Prompt 1 (4 blocks) twice: the second takes its first 3 blocks from the cache
+    # (reused) and computes the last into a plain block. Then prompt 2 (2 blocks) on the
+    # 2 plain ones: the 6 blocks hold 6 cached ones.
+    for index, (hash_id, tokens) in enumerate([(1, 256), (1, 256), (2, 128)]):
+        engine.waiting.append(_one_block_prompt(index, hash_id, tokens))
+        end, _, _ = _run_to_end(engine, end)
+    engine.waiting.append(_one_block_prompt(3, 3, 256))  # 4 new blocks: 4 cached ones go
+
+    _, _, _, gone = engine.step(end)
+
+    assert gone == removed
+    assert engine.cached_prefix_blocks(_one_block_prompt(4, 1, 256)) == prefix_left
+
+
 def test_blocks_a_running_sequence_holds_are_never_evicted_a_newcomer_waits() -> None:
     engine = SimEngine("actor-0", SMALL)
     # 320 tokens and 2 outputs: 5 prompt blocks, then decoding, all 6 blocks in the end.

@@ -45,7 +45,7 @@ def profile_kernels(graphs: Any, batch: int) -> None:
         torch.cuda.synchronize()
     print(f"--- kernels of one replay at batch {batch}")
     print(
-        prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=60)
+        prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=60)
     )
 
 

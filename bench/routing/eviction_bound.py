@@ -36,7 +36,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.common.report import write_json
+from bench.common.paths import REPO
+from bench.common.report import code_version, write_json
 from bench.routing.router_sim import TRACE
 from bench.routing.trace import TraceRequest, load_trace, parse_slice, warm_and_slice
 from bench.routing.trace_replay import RESULTS
@@ -169,6 +170,7 @@ def main(argv: list[str] | None = None) -> None:
         "capacity_trace_blocks": args.capacity,
         "rows": rows,
         "reused_later_first_6000": reuse,
+        "code": code_version(REPO),
     }
     write_json(args.out, document)
 

@@ -74,8 +74,8 @@ def _create(stack: AdminStack, csrf: str, **changes: str) -> tuple[int, str]:
                 "decode_ms_per_kv_usage_squared, enable_prefix_caching, "
                 "eos_probability, kv_transfer_ms_per_block, max_model_len, "
                 "max_num_batched_tokens, max_num_seqs, "
-                "num_kv_blocks, prefill_ms_base, prefill_ms_per_token, prefill_quadratic_ms, seed, "
-                "speedup_ratio, vocab_size"
+                "num_kv_blocks, prefill_ms_base, prefill_ms_per_token, prefill_quadratic_ms, "
+                "prefix_cache_protected_share, seed, speedup_ratio, vocab_size"
             },
         ),
         (

@@ -13,7 +13,7 @@ Design decisions:
   from the prefix cache (``Block.reused``) is freed into a protected segment, every other
   block into a probation segment, and eviction empties probation first. A long prompt
   seen once then pushes out other one-off blocks, not the prefixes requests keep
-  hitting (on the Mooncake trace's slices that overflow the caches: 5-10% more prefix
+  hitting (on the Mooncake trace's slices that overflow the caches: 5-23% more prefix
   hits than plain LRU in ``bench.routing.router_sim``). The protected segment holds at
   most ``protected_capacity`` free blocks; beyond that its least recently freed block
   is demoted to probation's tail (and is no longer ``reused``), so a burst of hot

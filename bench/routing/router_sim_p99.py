@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import statistics
 import sys
@@ -85,7 +86,8 @@ def _surviving(
     believed: TierOverlap,
     queued_blocks: int,
 ) -> int:
-    position = {key: i for i, key in enumerate(engine.free_cached)}
+    eviction_order = itertools.chain(engine.free_cached, engine.free_protected)
+    position = {key: i for i, key in enumerate(eviction_order)}
     count = 0
     for key in seq.keys[: believed.total_blocks]:
         pinned = engine.refs.get(key, 0) > 0
@@ -158,9 +160,10 @@ class AgedEngine(SimEngine):
     def head_age_ms(self, now_ms: float) -> float:
         """How long ago the block it evicts next was freed (infinite while it has blocks
         no prompt can hit)."""
-        if self.free_plain or not self.free_cached:
+        queue = self.free_cached or self.free_protected  # probation is evicted first
+        if self.free_plain or not queue:
             return float("inf") if self.free_plain else 0.0
-        return now_ms - self.freed_at.get(next(iter(self.free_cached)), 0.0)
+        return now_ms - self.freed_at.get(next(iter(queue)), 0.0)
 
 
 class EvictionAgeSimulation(Simulation):

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from dynask.kv.block_pool import DEFAULT_PROTECTED_SHARE
+
 
 @dataclass(frozen=True)
 class MockerConfig:
@@ -25,7 +27,7 @@ class MockerConfig:
     max_num_batched_tokens: int = 8192
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
-    prefix_cache_protected_share: float = 0.5  # kv.block_pool.DEFAULT_PROTECTED_SHARE
+    prefix_cache_protected_share: float = DEFAULT_PROTECTED_SHARE
     speedup_ratio: float = 1.0  # 0 or inf: no sleeping
     prefill_ms_base: float = 0.0  # per step that prefills anything (Dynamo's fit: 16.5)
     prefill_ms_per_token: float = 0.074

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from dynask.kv.block_pool import DEFAULT_PROTECTED_SHARE
+
 if TYPE_CHECKING:  # torch is imported where a device or dtype is made: the control plane
     import torch  # validates configs without loading it
 
@@ -54,7 +56,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     # Share of the cache that blocks hit at least once may hold ahead of blocks used once
     # (segmented LRU, kv.free_queue); 0 is plain LRU.
-    prefix_cache_protected_share: float = 0.5  # kv.block_pool.DEFAULT_PROTECTED_SHARE
+    prefix_cache_protected_share: float = DEFAULT_PROTECTED_SHARE
     cuda_graphs: bool = True  # decode steps replayed from CUDA graphs (CUDA only)
     decode_burst: int = 1  # greedy decode steps per host sync (1: off)
     async_scheduling: bool | None = None  # next decode step launched first (None: on CUDA)

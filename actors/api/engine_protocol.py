@@ -61,6 +61,17 @@ class KVCacheEngine(Protocol):
         """The whole prefix cache as of ``kv_events.last_event_id`` (safe from any thread)."""
 
 
+@runtime_checkable
+class PrefixCacheResetEngine(Protocol):
+    """An engine whose prefix cache can be emptied on request (``POST
+    /v1/engines/reset_prefix_cache``: a benchmark's phases start cold, an operator drops
+    what a changed model left behind)."""
+
+    def reset_prefix_cache(self) -> bool:
+        """Drops every cached block when no request holds one; False, changing nothing,
+        otherwise. ``ValueError`` says why it cannot at all. Safe from any thread."""
+
+
 PrefillListener = Callable[[dict[str, int]], None]
 """Gets ``{request id: prompt tokens still to compute}`` after a step that advanced those
 prompts' prefill without finishing it."""

@@ -211,6 +211,11 @@ class LLMEngine:
                 lower_tiers=offload.cached_blocks() if offload is not None else (),
             )
 
+    def reset_prefix_cache(self) -> bool:
+        """``KVCacheManager.reset_prefix_cache`` under the step lock (any thread)."""
+        with self._step_lock:
+            return self.parts.kv_manager.reset_prefix_cache()
+
     def export_kv(self, block_ids: list[int]) -> torch.Tensor:
         """KV of the given blocks (``[layers, 2, blocks, block_size, kv_heads, head_dim]``)."""
         with self._step_lock:

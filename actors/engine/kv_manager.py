@@ -53,6 +53,18 @@ class KVCacheManager:
         self.offload = offload
         self.pool.set_eviction_listener(offload.on_device_evicted)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forgets every cached block; the pool emits ``AllBlocksCleared``, so the routers
+        following this engine's KV events drop its blocks too. False, changing nothing,
+        while a request holds blocks. Raises ``ValueError`` with offload tiers: their
+        copies would still be found, and a reset that leaves hits behind is no reset."""
+        if self.offload is not None:
+            raise ValueError(
+                "this engine has KV offload tiers (host/disk), which a prefix cache reset "
+                "does not empty; restart the engine to start cold"
+            )
+        return self.pool.reset_prefix_cache()
+
     @classmethod
     def build(
         cls,

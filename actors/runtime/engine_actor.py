@@ -30,6 +30,7 @@ from dynask.actors.api.engine_protocol import (
     ForwardingEngine,
     KVCacheEngine,
     PrefillProgressEngine,
+    PrefixCacheResetEngine,
 )
 from dynask.actors.api.outputs import RequestOutput
 from dynask.actors.api.sampling_params import SamplingParams
@@ -238,6 +239,26 @@ class EngineActor(KVTransferMethods):
                 "cache to dump; route it with the approximate index (its info's kv_events is False)"
             )
         return pack_kv_dump(await asyncio.to_thread(engine.kv_cache_dump))
+
+    async def reset_prefix_cache(self) -> dict[str, Any]:
+        """Empties the engine's prefix cache: ``{"reset": bool, "reason": str | None}``,
+        the reason when it did not (requests hold blocks; an engine without a prefix
+        cache it can empty), and with KV events ``event_id``: a router whose index has
+        applied it has forgotten the blocks. In a thread: the engine takes its step lock."""
+        engine = self._running()
+        if not isinstance(engine, PrefixCacheResetEngine):
+            reason = f"out={self.spec.kind} has no prefix cache this actor can empty"
+            return {"reset": False, "reason": reason}
+        try:
+            done = await asyncio.to_thread(engine.reset_prefix_cache)
+        except ValueError as exc:
+            return {"reset": False, "reason": str(exc)}
+        if not done:
+            return {"reset": False, "reason": "requests hold KV blocks; retry once they finish"}
+        answer: dict[str, Any] = {"reset": True, "reason": None}
+        if isinstance(engine, KVCacheEngine):  # the routers have heard once past this id
+            answer["event_id"] = (await asyncio.to_thread(engine.kv_cache_dump)).last_event_id
+        return answer
 
     async def health(self) -> dict[str, Any]:
         return {"name": self.name, "started": self._engine is not None}

@@ -38,6 +38,21 @@ from bench.routing.trace import PromptBuilder, TraceRequest
 REQUEST_TIMEOUT_S = 600.0
 
 
+def reset_prefix_caches(base_url: str, timeout_s: float = 60.0) -> None:
+    """Empties every engine's prefix cache behind ``base_url`` (``POST
+    /v1/engines/reset_prefix_cache``), so a phase on engines another phase used starts
+    as cold as a fresh engine (Dynamo's side starts fresh per mode). Retries while an
+    engine still holds the previous phase's requests; raises if it never resets."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        answer = httpx.post(f"{base_url}/v1/engines/reset_prefix_cache", timeout=30.0)
+        if answer.status_code == 200:
+            return
+        if answer.status_code != 409 or time.monotonic() > deadline:
+            raise RuntimeError(f"cache reset at {base_url}: {answer.status_code} {answer.text}")
+        time.sleep(0.5)
+
+
 @dataclass(frozen=True)
 class ReplayResult:
     """One replayed request: what was asked, when it left, what came back."""

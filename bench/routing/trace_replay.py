@@ -6,7 +6,9 @@ The same slice of the trace (``--slice``), at the trace's own arrival times scal
 * ``dynask:MODE`` (MODE: kv, approximate, round-robin, random, least-loaded): one
   ``bench.routing.server`` process, ``--actors`` mocker actors on ``--workers`` Dask
   worker processes, the mode chosen per request (``router_mode``). Each dynask phase gets
-  its own prompt tokens (``PromptBuilder(salt)``), so none hits another's cache.
+  its own prompt tokens (``PromptBuilder(salt)``), so none hits another's cache, and
+  starts with the engines' prefix caches emptied (``POST
+  /v1/engines/reset_prefix_cache``), as Dynamo's mockers start fresh per mode.
 * ``dynask-2cp:MODE`` and ``dynask-2cp-unsynced:MODE``: router replicas, two control
   planes of that server process in front of the same actors, the slice's requests sent
   to them in turn (``trace_client.replay``); the first pair shares what it routes
@@ -78,7 +80,13 @@ from bench.routing.trace import (
     reusable_token_share,
     warm_and_slice,
 )
-from bench.routing.trace_client import ReplayResult, kv_hit_rate, replay, summarize
+from bench.routing.trace_client import (
+    ReplayResult,
+    kv_hit_rate,
+    replay,
+    reset_prefix_caches,
+    summarize,
+)
 from bench.routing.trace_systems import (
     DYNAMO_MODEL,
     DYNASK_PLANES,
@@ -226,6 +234,13 @@ def run_dynask(
         else:
             kind, count = DYNASK_PLANES[system]
             base_urls, model = urls[kind][:count], DYNASK_MODEL
+        # Every phase starts cold, as Dynamo's fresh mockers do: the last one's blocks
+        # (segmented LRU protects the reused ones) would otherwise crowd this one's.
+        every_url = (
+            args.endpoint_list if system == "endpoints" else [u for g in urls.values() for u in g]
+        )
+        for url in every_url:
+            reset_prefix_caches(url)
         lag_before = [peer_lag(url, model) for url in base_urls]
         extra = {"router_mode": mode}
         row = run_phase(base_urls, groups, model, requests, args, index + 1, extra)

@@ -15,6 +15,7 @@ from starlette.routing import BaseRoute, Route
 
 from dynask.control_plane.api.anthropic.routes import make_anthropic_routes
 from dynask.control_plane.api.chat_output import ChatOptions
+from dynask.control_plane.api.engines_routes import make_prefix_cache_routes
 from dynask.control_plane.api.errors import APIError, from_serving
 from dynask.control_plane.api.internal_errors import CatchInternalErrors
 from dynask.control_plane.api.openai_routes import make_openai_routes
@@ -66,6 +67,7 @@ def build_app(
         *make_responses_routes(service, response_store, chat_options),
         *make_anthropic_routes(service, chat_options),
         *make_routing_routes(service),
+        *make_prefix_cache_routes(service),
         *_operational_routes(service, api_key_required, readiness, leadership),
         *(extra_routes or []),
     ]

@@ -272,6 +272,13 @@ class ModelRouting:
         if self.predicted is not None:
             self.predicted.remove_actor(name)
 
+    def forget_cached(self, name: str) -> None:
+        """The actor's engine emptied its prefix cache: what was assumed of it goes (its
+        KV events clear the exact index; the approximate one only hears it here)."""
+        self.approx.remove_actor(name)
+        if self.predicted is not None:
+            self.predicted.remove_actor(name)
+
     def sync(self, name: str) -> ActorKVSync | None:
         """The event follower of an actor (None for approximate or unknown actors)."""
         return self._syncs.get(name)

@@ -59,6 +59,7 @@ from dynask.kv.prefix_index import KVCacheDump
 log = logging.getLogger(__name__)
 
 _START_TIMEOUT_S = 900.0
+_CALL_TIMEOUT_S = 60.0  # a call into vLLM's loop that is not a generation
 # Two engines built at once in one worker (two actors) race in transformers' lazy imports
 # ("cannot import name 'AutoTokenizer'"); loading the tokenizer one at a time avoids it.
 _LOADING = threading.Lock()
@@ -169,6 +170,13 @@ class VLLMEngine:
     def kv_cache_dump(self) -> KVCacheDump:
         """vLLM's prefix cache as mirrored from its events (safe from any thread)."""
         return self._mirror.dump()
+
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's own reset (False while it runs requests); its ``AllBlocksCleared`` event
+        empties the mirror and, through the actor's KV events, the routers' index."""
+        if self._llm is None:
+            return False
+        return bool(self._call(self._llm.reset_prefix_cache(), timeout=_CALL_TIMEOUT_S))
 
     @property
     def num_unfinished_in_vllm(self) -> int:

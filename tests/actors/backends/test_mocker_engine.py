@@ -205,6 +205,36 @@ def test_repeated_prompt_is_a_prefix_hit(tokenizer: Any) -> None:
     assert stats.num_free_kv_blocks == 64
 
 
+def test_a_reset_prefix_cache_starts_the_next_prompt_cold(tokenizer: Any) -> None:
+    engine = mocker(tokenizer)
+    engine.generate([PROMPT], PARAMS)
+    engine.kv_events.drain()
+
+    assert engine.reset_prefix_cache()
+
+    again = engine.generate([PROMPT], PARAMS)[0]
+    assert again.usage is not None and again.usage.cached_tokens == 0
+    # AllBlocksCleared first (the routers drop this engine's blocks), then the new store.
+    events = [type(r.event).__name__ for r in engine.kv_events.drain()]
+    assert events == ["AllBlocksCleared", "BlockStored"]
+    assert engine.stats().num_cached_kv_blocks == 5
+
+
+def test_no_reset_while_a_request_holds_blocks(tokenizer: Any) -> None:
+    engine = mocker(tokenizer)
+    engine.generate([PROMPT], PARAMS)
+    stream = engine.add_request(PROMPT, SamplingParams(max_tokens=100), "running")
+    engine.step()
+
+    assert not engine.reset_prefix_cache()  # nothing changed: the cache still hits
+    engine.abort("running")
+    engine.step()
+    assert stream.usage is not None and stream.usage.cached_tokens == 16
+    assert engine.stats().num_cached_kv_blocks == 5
+    assert engine.reset_prefix_cache()
+    assert engine.stats().num_cached_kv_blocks == 0
+
+
 def test_kv_events_report_the_stored_blocks(tokenizer: Any) -> None:
     engine = mocker(tokenizer)
 

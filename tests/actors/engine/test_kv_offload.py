@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.engine.engine import LLMEngine
 from tests.actors.engine.helpers import make_engine, prompts_of_lengths
@@ -145,3 +147,13 @@ def test_a_disk_read_lets_the_running_requests_go_on(
     assert waiting.token_ids == recomputed
     assert waiting.usage is not None and waiting.usage.cached_tokens == 96
     assert engine.stats().disk_hit_tokens == 96
+
+
+def test_a_prefix_cache_reset_is_refused_with_offload_tiers(tiny_llama_folder: Path) -> None:
+    engine = small_engine(tiny_llama_folder, kv_host_gb=32 * BLOCK_BYTES / GB)
+    (a,) = prompts_of_lengths([100], seed=13)
+    run(engine, a)
+
+    with pytest.raises(ValueError, match="offload tiers"):
+        engine.reset_prefix_cache()
+    assert run(engine, a)[1] == 96  # nothing was dropped

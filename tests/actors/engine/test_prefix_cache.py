@@ -60,3 +60,17 @@ def test_extra_keys_keep_caches_apart(tiny_llama_folder: Path) -> None:
     other_salt = engine.generate([prompt], salted)[0]
 
     assert other_salt.usage is not None and other_salt.usage.cached_tokens == 0
+
+
+def test_after_a_reset_the_prompt_is_recomputed_with_the_same_output(
+    tiny_llama_folder: Path,
+) -> None:
+    engine = make_engine(tiny_llama_folder, block_size=16)
+    prompt = prompts_of_lengths([100])[0]
+    first = engine.generate([prompt], PARAMS)[0]
+
+    assert engine.reset_prefix_cache()
+    again = engine.generate([prompt], PARAMS)[0]
+
+    assert again.token_ids == first.token_ids
+    assert again.usage is not None and again.usage.cached_tokens == 0

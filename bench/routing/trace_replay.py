@@ -247,6 +247,7 @@ def run_dynask(
         row["routing"] = routing_summary(base_urls, len(requests))
         row["peer_lag"] = lag_summary(lag_before, [peer_lag(url, model) for url in base_urls])
         row["endpoints"] = len(base_urls)
+        row["caches_reset"] = True  # the phase began with the engines' caches emptied
         rows.append({"system": system, "mode": mode, **row})
         print(format_row(rows[-1]), file=sys.stderr)
 

@@ -22,7 +22,13 @@ from bench.routing.trace import (
     reusable_token_share,
     warm_and_slice,
 )
-from bench.routing.trace_client import ReplayResult, arrival_offsets, replay, summarize
+from bench.routing.trace_client import (
+    ReplayResult,
+    arrival_offsets,
+    replay,
+    reset_prefix_caches,
+    summarize,
+)
 from bench.routing.trace_replay import measured_summary
 from tests.control_plane.routing_stack import MODEL, cluster_with_actors, serving_stack
 
@@ -176,9 +182,15 @@ def test_a_replay_hits_the_prefixes_its_hash_ids_share(smollm2_folder: Path) -> 
             serving_stack(proxies) as stack,
         ):
             base_url = str(stack.http.base_url).rstrip("/")
-            return await replay(base_url, MODEL, trace, speedup=2.0, builder=PromptBuilder())
+            replayed = await replay(base_url, MODEL, trace, speedup=2.0, builder=PromptBuilder())
+            # A phase after this one starts cold: the engines' caches emptied.
+            await asyncio.to_thread(reset_prefix_caches, base_url)
+            _, again = await replay(
+                base_url, MODEL, trace[3:], speedup=2.0, builder=PromptBuilder()
+            )
+            return replayed, again
 
-    wall, results = asyncio.run(main())
+    (wall, results), again = asyncio.run(main())
 
     assert [r.ok for r in results] == [True] * 4
     assert [r.scheduled_s for r in results] == [0.0, 1.5, 3.0, 4.5]
@@ -188,6 +200,7 @@ def test_a_replay_hits_the_prefixes_its_hash_ids_share(smollm2_folder: Path) -> 
     # mocker blocks of 16 tokens: a full cached trace block is 32 of them; the prompt's
     # last token is always computed (1488 = 93 blocks of the 1500-token prompt).
     assert [r.record.cached_tokens for r in results] == [0, 1024, 0, 1488]
+    assert [r.record.cached_tokens for r in again] == [0]
     summary = summarize(wall, results)
     assert summary["kv_hit_rate"] == (1024 + 1488) / (1024 + 1500 + 700 + 1500)
     assert summary["requests_ok"] == 4 and summary["failures"] == {}

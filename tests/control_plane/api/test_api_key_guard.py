@@ -88,6 +88,17 @@ def test_a_wrong_key_gets_401(guarded: Guarded) -> None:
     assert (response.status_code, response.json()) == (401, _error(INVALID_KEY_MESSAGE))
 
 
+def test_emptying_the_engines_caches_needs_a_key(guarded: Guarded) -> None:
+    key = guarded.keys.create("ops", "test").key
+    response = guarded.client.post("/v1/engines/reset_prefix_cache")
+    assert (response.status_code, response.json()) == (401, _error(MISSING_KEY_MESSAGE))
+
+    allowed = guarded.client.post(
+        "/v1/engines/reset_prefix_cache", headers={"authorization": f"Bearer {key}"}
+    )
+    assert (allowed.status_code, allowed.json()) == (200, {"reset": True, "engines": []})
+
+
 @pytest.mark.parametrize("path", ["/health", "/live", "/metrics", "/openapi.json"])
 def test_operational_routes_stay_open(guarded: Guarded, path: str) -> None:
     assert guarded.client.get(path).status_code in (200, 503)  # /health: 503, no engines

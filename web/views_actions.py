@@ -1,4 +1,5 @@
-"""The admin forms' POST handlers: deployments (create, scale, delete) and workers.
+"""The admin forms' POST handlers: deployments (create, scale, delete), workers, and
+emptying the engines' prefix caches (the routing page).
 
 Each handler reads its form through ``checked_form`` (CSRF), acts as the logged-in user
 (the event log's "who"), and answers with a redirect and a flash message (post/redirect/
@@ -16,6 +17,7 @@ from starlette.routing import Route
 
 from dynask.control_plane.cluster.cluster_admin import ClusterActionError
 from dynask.control_plane.cluster.deployment_admin import DeploymentInvalidError
+from dynask.control_plane.routing.cache_reset import reset_prefix_caches
 from dynask.control_plane.state.repository import (
     DeploymentExistsError,
     DeploymentRejectedError,
@@ -94,7 +96,20 @@ def make_action_routes(deps: AdminDeps) -> list[Route]:
         flash(request, "ok", f"Worker {address} retired; its actors move to other workers.")
         return _back("workers")
 
+    async def empty_prefix_caches(request: Request) -> Response:
+        await checked_form(request)
+        engines = await reset_prefix_caches(deps.service.models, sorted(deps.service.models))
+        emptied = [e.name for e in engines if e.reset]
+        kept = [f"{e.name}: {e.reason}" for e in engines if not e.reset]
+        await _log(deps, request, "prefix_cache.reset", "engines", {"emptied": emptied})
+        if kept:
+            flash(request, "error", f"Emptied {len(emptied)} of {len(engines)}; " + "; ".join(kept))
+        else:
+            flash(request, "ok", f"Emptied the prefix caches of {len(engines)} engines.")
+        return _back("routing")
+
     return [
+        Route("/routing/reset_prefix_cache", empty_prefix_caches, methods=["POST"]),
         Route("/deployments", create_deployment, methods=["POST"], name="create_deployment"),
         Route("/deployments/{name}/scale", scale_deployment, methods=["POST"]),
         Route("/deployments/{name}/delete", delete_deployment, methods=["POST"]),

@@ -2,30 +2,16 @@
 load and latest stats) and ``POST /v1/engines/reset_prefix_cache`` (every engine, or one
 model's, empties its prefix cache, so what comes next starts cold).
 
-Design decisions of the reset:
-
-- What it is for: a benchmark whose phases share engines (``bench.routing.trace_replay``
-  runs each routing mode on the same actors) starts each phase as a fresh engine would,
-  and an operator drops what a workload no longer needs. vLLM has the same endpoint
-  (``/reset_prefix_cache``) and SGLang a ``/flush_cache``.
-- Each engine decides for itself, under its step lock: it resets only when no request
-  holds KV blocks (a running request's blocks must keep their identity). The answer names
-  every engine with ``reset`` and, when false, its ``reason``: 200 when all reset, 409
-  (``engines_busy``) when some could not, so a script can retry once the requests finish.
-- The routers follow: an engine with KV events sends ``AllBlocksCleared`` and the exact
-  index drops its blocks; the answer waits (briefly) until this control plane has applied
-  it, so the next request is routed without them. What the router only assumed (the
-  approximate index, the predicted blocks) is dropped here.
-- Under ``/v1``, so the API-key guard covers it. No body: a JSON body is refused by name
-  rather than ignored; ``model`` (query) picks one model, an unknown one is a 404.
+The reset itself (what the engines and the routers do) is ``routing.cache_reset``'s.
+Here: 200 when every engine reset, 409 (``engines_busy``) naming those that could not, so
+a script can retry once their requests finish; under ``/v1``, so the API-key guard
+covers it; no body (a JSON body is refused by name rather than ignored); ``model``
+(query) picks one model, an unknown one is a 404.
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -33,8 +19,7 @@ from starlette.responses import JSONResponse, Response
 from dynask.control_plane.api.errors import APIError, invalid
 from dynask.control_plane.api.openapi_document import ApiRoute, Operation
 from dynask.control_plane.api.request_fields import Text, shown
-from dynask.control_plane.routing.model_routing import ModelRouting
-from dynask.control_plane.serving.actor_handle import CALL_TIMEOUT_S, ActorHandle
+from dynask.control_plane.routing.cache_reset import reset_prefix_caches
 from dynask.control_plane.serving.service import ServingService
 
 
@@ -65,7 +50,6 @@ def make_engines_routes(
     return [ApiRoute("/v1/engines", engines, methods=["GET"], operation=operation)]
 
 
-HEAR_WAIT_S = 2.0  # for the routers to apply an engine's AllBlocksCleared
 MODEL = Text("model", "only this model's engines (default: every model's)")
 OPERATION = Operation(
     "Empty the engines' prefix caches (each when no request holds its KV blocks)",
@@ -88,36 +72,29 @@ def make_prefix_cache_routes(service: ServingService) -> list[ApiRoute]:
             raise APIError(
                 "this endpoint takes no body; name one model with ?model=", code="unexpected_body"
             )
-        targets = _targets(service, request.query_params.get(MODEL.name))
-        results = await asyncio.gather(*(_reset_one(model, actor) for model, actor in targets))
-        for (model, actor), result in zip(targets, results, strict=True):
-            event_id = result.pop("event_id")
-            if result["reset"]:
-                routing = service.models[model].routing
-                routing.forget_cached(actor.name)
-                await _heard(routing, actor.name, event_id)
-        engines = [
-            {"name": actor.name, "model": model, **result}
-            for (model, actor), result in zip(targets, results, strict=True)
-        ]
-        busy = [e for e in engines if not e["reset"]]
+        names = _models(service, request.query_params.get(MODEL.name))
+        engines = await reset_prefix_caches(service.models, names)
+        listed = [e.to_dict() for e in engines]
+        busy = [e for e in engines if not e.reset]
         if not busy:
-            return JSONResponse({"reset": True, "engines": engines})
+            return JSONResponse({"reset": True, "engines": listed})
         error = APIError(
             f"{len(busy)} of {len(engines)} engines did not reset: "
-            + "; ".join(f"{e['name']}: {e['reason']}" for e in busy),
+            + "; ".join(f"{e.name}: {e.reason}" for e in busy),
             status=409,
             code="engines_busy",
         )
-        return JSONResponse({**error.body(), "reset": False, "engines": engines}, 409)
+        return JSONResponse({**error.body(), "reset": False, "engines": listed}, 409)
 
     return [
         ApiRoute("/v1/engines/reset_prefix_cache", reset, methods=["POST"], operation=OPERATION)
     ]
 
 
-def _targets(service: ServingService, model: str | None) -> list[tuple[str, ActorHandle]]:
-    if model is not None and model not in service.models:
+def _models(service: ServingService, model: str | None) -> list[str]:
+    if model is None:
+        return sorted(service.models)
+    if model not in service.models:
         available = ", ".join(sorted(service.models)) or "none"
         raise APIError(
             f"the model {shown(model)} is not served; available: {available}",
@@ -125,33 +102,4 @@ def _targets(service: ServingService, model: str | None) -> list[tuple[str, Acto
             param="model",
             code="model_not_found",
         )
-    names = [model] if model is not None else sorted(service.models)
-    return [(name, a) for name in names for a in service.models[name].actors if not a.broken]
-
-
-async def _heard(routing: ModelRouting, actor: str, event_id: int | None) -> None:
-    """Waits (at most ``HEAR_WAIT_S``) until the actor's KV events up to ``event_id`` (its
-    ``AllBlocksCleared``) are in the index: the next request is routed without its old
-    blocks. The events come on the actor's stream, the answer on another connection."""
-    if event_id is None or routing.sync(actor) is None:
-        return
-    deadline = time.monotonic() + HEAR_WAIT_S
-    while routing.prefix.expected_event_id(actor) <= event_id and time.monotonic() < deadline:
-        await asyncio.sleep(0.005)
-
-
-async def _reset_one(model: str, actor: ActorHandle) -> dict[str, Any]:
-    """One actor's answer; an actor that fails to answer is reported, not raised."""
-    try:
-        answer = await asyncio.wait_for(actor.proxy.reset_prefix_cache(), CALL_TIMEOUT_S)
-    except Exception as exc:  # unreachable or old actor: its entry says so
-        return {
-            "reset": False,
-            "reason": f"the engine actor did not answer: {exc!r}",
-            "event_id": None,
-        }
-    return {
-        "reset": bool(answer.get("reset")),
-        "reason": answer.get("reason"),
-        "event_id": answer.get("event_id"),
-    }
+    return [model]

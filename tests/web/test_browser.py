@@ -4,6 +4,7 @@ each test's tmp folder (``pytest --basetemp=DIR`` keeps them somewhere known).""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -176,6 +177,21 @@ def test_a_request_shows_up_in_the_metrics(
     page.goto("/admin/routing")
     expect(page.locator("section.card")).to_contain_text("chat")
     _shot(page, tmp_path, "routing")
+
+
+def test_emptying_the_prefix_caches_reports_each_engine(page: Page, tmp_path: Path) -> None:
+    page.goto("/admin/routing")
+
+    page.click("text=Empty the engines' prefix caches")
+
+    expect(page).to_have_url(re.compile(r"/admin/routing$"))
+    # The echo engine keeps no prefix cache: the page says which engine and why.
+    flash = page.locator(".flash.error")
+    expect(flash).to_contain_text("Emptied 0 of 1; ")
+    expect(flash).to_contain_text("out=echo has no prefix cache this actor can empty")
+    _shot(page, tmp_path, "routing-reset")
+    page.goto("/admin/events")
+    expect(page.locator("section.card").first).to_contain_text("prefix_cache.reset")
 
 
 def test_an_admin_edits_a_keys_limits_and_the_server_applies_them(

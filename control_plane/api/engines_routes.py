@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 
 from dynask.control_plane.api.errors import APIError, invalid
 from dynask.control_plane.api.openapi_document import ApiRoute, Operation
-from dynask.control_plane.api.request_fields import Text, shown
+from dynask.control_plane.api.request_fields import Text, served_model, shown
 from dynask.control_plane.routing.cache_reset import reset_prefix_caches
 from dynask.control_plane.serving.service import ServingService
 
@@ -92,14 +92,5 @@ def make_prefix_cache_routes(service: ServingService) -> list[ApiRoute]:
 
 
 def _models(service: ServingService, model: str | None) -> list[str]:
-    if model is None:
-        return sorted(service.models)
-    if model not in service.models:
-        available = ", ".join(sorted(service.models)) or "none"
-        raise APIError(
-            f"the model {shown(model)} is not served; available: {available}",
-            status=404,
-            param="model",
-            code="model_not_found",
-        )
-    return [model]
+    chosen = served_model(model, service.models)
+    return sorted(service.models) if chosen is None else [chosen]

@@ -15,11 +15,11 @@ a 400 naming it). A body key that no field declares is refused by name too.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dynask.control_plane.api.errors import invalid
+from dynask.control_plane.api.errors import APIError, invalid
 
 Body = Mapping[str, Any]
 Schema = dict[str, Any]
@@ -253,6 +253,20 @@ def shown(value: Any) -> str:
         return ascii(value[:SHOWN_CHARS]) + "..."
     text = ascii(value)
     return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "..."
+
+
+def served_model(value: str | None, served: Collection[str]) -> str | None:
+    """A ``model`` query field: None (every model) or the name of a model served; any
+    other name is a 404 that lists the models served."""
+    if value is None or value in served:
+        return value
+    available = ", ".join(sorted(served)) or "none"
+    raise APIError(
+        f"the model {shown(value)} is not served; available: {available}",
+        status=404,
+        param="model",
+        code="model_not_found",
+    )
 
 
 _SCALARS = frozenset({int, float, bool, type(None)})  # JSON values that hold no string

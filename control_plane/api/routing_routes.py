@@ -11,9 +11,9 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from dynask.control_plane.api.errors import APIError, invalid
+from dynask.control_plane.api.errors import invalid
 from dynask.control_plane.api.openapi_document import ApiRoute, Operation
-from dynask.control_plane.api.request_fields import Integer, Text, shown
+from dynask.control_plane.api.request_fields import Integer, Text, served_model, shown
 from dynask.control_plane.serving.service import ServingService
 
 DEFAULT_LIMIT = 100
@@ -34,15 +34,7 @@ OPERATION = Operation(
 def make_routing_routes(service: ServingService) -> list[ApiRoute]:
     async def decisions(request: Request) -> Response:
         limit = _limit(request.query_params.get("limit"), service.routing.log_size)
-        model = request.query_params.get("model")
-        if model is not None and model not in service.models:
-            available = ", ".join(sorted(service.models)) or "none"
-            raise APIError(
-                f"the model {shown(model)} is not served; available: {available}",
-                status=404,
-                param="model",
-                code="model_not_found",
-            )
+        model = served_model(request.query_params.get("model"), service.models)
         return JSONResponse({"object": "list", "data": service.decisions(limit, model)})
 
     return [ApiRoute("/v1/routing/decisions", decisions, methods=["GET"], operation=OPERATION)]

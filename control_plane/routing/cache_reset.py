@@ -52,14 +52,15 @@ async def reset_prefix_caches(
     """Asks every live engine actor of the models ``names`` to empty its prefix cache."""
     targets = [(name, a) for name in names for a in models[name].actors if not a.broken]
     answers = await asyncio.gather(*(_ask(actor) for _, actor in targets))
-    results = []
+    results, heard = [], []
     for (model, actor), answer in zip(targets, answers, strict=True):
         done = bool(answer.get("reset"))
         if done:
             routing = models[model].routing
             routing.forget_cached(actor.name)
-            await _heard(routing, actor.name, answer.get("event_id"))
+            heard.append(_heard(routing, actor.name, answer.get("event_id")))
         results.append(EngineReset(actor.name, model, done, answer.get("reason")))
+    await asyncio.gather(*heard)
     return results
 
 

@@ -13,11 +13,18 @@ Design decisions:
   the new time. So the heap holds about one entry per (actor, block), however often a
   prefix is routed. Expired blocks are pruned from the tree: an idle index shrinks back
   to nothing.
-- LRU pruning: with ``capacity_blocks`` an actor is assumed to hold at most that many
-  blocks (its engine's KV cache); routing past it forgets the actor's least recently
-  routed blocks first, as the engine's own LRU would evict them. A prompt's blocks are
-  touched last block first, so its leading blocks are the most recent and a prefix is
-  forgotten from its tail (the engine, too, evicts tail-first).
+- Pruning as the engine evicts: with a capacity an actor is assumed to hold at most that
+  many blocks (its engine's KV cache); routing past it forgets blocks in the order the
+  engine would evict them. ``capacity_blocks`` applies to every actor; ``set_actor_cache``
+  gives one actor its own capacity and eviction policy (the control plane passes what the
+  engine reported at start: its cache size and its protected share). Plain LRU (share 0,
+  vLLM's policy) forgets the least recently routed block first. Segmented LRU (the
+  built-in engine's and the mocker's ``prefix_cache_protected_share``, see
+  ``kv.free_queue``): a block routed again while still assumed held is "reused" and moves
+  to a protected segment of at most share x capacity blocks (beyond it the least recent
+  is demoted), every other block to probation, and probation is forgotten first. A
+  prompt's blocks are touched last block first, so its leading blocks are the most recent
+  and a prefix is forgotten from its tail (the engine, too, evicts tail-first).
 - ``forget`` takes back what was assumed of one block and everything routed below it:
   the exact index (``PrefixIndex``) calls it when an actor's KV events say the block
   left its cache, so a prompt routed there before cannot keep claiming a prefix the
@@ -32,14 +39,61 @@ import itertools
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
+from itertools import chain
 
 from dynask.kv.radix_tree import RadixNode, RadixTree
 
 DEFAULT_TTL_S = 120.0
 
 _Node = RadixNode[float]  # holder value: when the block expires on that actor
+
+
+class _ActorBlocks:
+    """The blocks one actor is assumed to hold, in the order its engine would evict them:
+    probation (routed once) least recent first, then protected (routed again)."""
+
+    def __init__(self) -> None:
+        # Values unused: ordered sets, least to most recently routed.
+        self.probation: OrderedDict[_Node, None] = OrderedDict()
+        self.protected: OrderedDict[_Node, None] = OrderedDict()
+        self.capacity: int | None = None  # None: the TTL alone prunes
+        self.protected_capacity = 0
+
+    def __len__(self) -> int:
+        return len(self.probation) + len(self.protected)
+
+    def __iter__(self) -> Iterator[_Node]:
+        return chain(self.probation, self.protected)
+
+    def touch(self, node: _Node, held: bool) -> None:
+        """``node`` was routed: most recent in probation, or protected if already held."""
+        if held:
+            self.probation.pop(node, None)
+            self.protected[node] = None
+            self.protected.move_to_end(node)
+            while len(self.protected) > self.protected_capacity:
+                demoted, _ = self.protected.popitem(last=False)
+                self.probation[demoted] = None
+        else:
+            self.probation[node] = None
+
+    def discard(self, node: _Node) -> None:
+        if node in self.probation:
+            del self.probation[node]
+        else:
+            self.protected.pop(node, None)
+
+    def over_capacity(self) -> list[_Node]:
+        """Takes out and returns the blocks beyond the capacity, first to evict first."""
+        excess = 0 if self.capacity is None else len(self) - self.capacity
+        evicted: list[_Node] = []
+        for segment in (self.probation, self.protected):
+            while excess > 0 and segment:
+                evicted.append(segment.popitem(last=False)[0])
+                excess -= 1
+        return evicted
 
 
 class ApproxIndex:
@@ -53,24 +107,36 @@ class ApproxIndex:
     ) -> None:
         if not ttl_s > 0:
             raise ValueError(f"ApproxIndex ttl_s must be > 0, got {ttl_s!r}")
-        if capacity_blocks is not None and (
-            isinstance(capacity_blocks, bool)
-            or not isinstance(capacity_blocks, int)
-            or capacity_blocks < 1
-        ):
-            raise ValueError(
-                f"ApproxIndex capacity_blocks has value {capacity_blocks!r}; expected an int >= 1"
-            )
+        _check_capacity(capacity_blocks)
         self.ttl_s = ttl_s
         self.capacity_blocks = capacity_blocks  # per actor; None: the TTL alone prunes
         self._clock = clock
         self._tree: RadixTree[float] = RadixTree()
-        # Per actor, its nodes from least to most recently routed (values unused).
-        self._nodes_of: dict[str, OrderedDict[_Node, None]] = {}
+        self._blocks_of: dict[str, _ActorBlocks] = {}
+        # An actor's own cache, from ``set_actor_cache``: (capacity, protected share).
+        self._cache_of: dict[str, tuple[int | None, float]] = {}
         # (expiry, tie-breaker, actor, node); the counter keeps nodes out of comparisons.
         self._expiries: list[tuple[float, int, str, _Node]] = []
         self._counter = itertools.count()
         self._latest_expiry = -math.inf  # the largest expiry pushed
+
+    def set_actor_cache(
+        self, actor: str, capacity_blocks: int | None, protected_share: float = 0.0
+    ) -> None:
+        """Assume ``actor``'s engine holds at most ``capacity_blocks`` blocks (None: the
+        index's ``capacity_blocks``) and evicts segmented LRU with ``protected_share`` of
+        them protected (0: plain LRU); see the module docstring."""
+        _check_capacity(capacity_blocks)
+        if isinstance(protected_share, bool) or not 0.0 <= protected_share <= 1.0:
+            raise ValueError(
+                f"ApproxIndex protected_share has value {protected_share!r}; "
+                "expected a number in [0, 1]"
+            )
+        self._cache_of[actor] = (capacity_blocks, float(protected_share))
+        blocks = self._blocks_of.get(actor)
+        if blocks is not None:
+            self._shape(actor, blocks)
+            self._evict(actor, blocks)
 
     def note_routed(
         self, actor: str, local_hashes: Sequence[int], now: float | None = None
@@ -81,8 +147,10 @@ class ApproxIndex:
         now = self._now(now)
         self._expire(now)
         expiry = now + self.ttl_s
-        nodes = self._nodes_of.setdefault(actor, OrderedDict())
-        move_to_end, counter = nodes.move_to_end, self._counter
+        blocks = self._blocks_of.get(actor)
+        if blocks is None:
+            blocks = self._blocks_of[actor] = self._shape(actor, _ActorBlocks())
+        touch, counter = blocks.touch, self._counter
         if expiry >= self._latest_expiry:  # later than every entry: appending keeps a heap
             self._latest_expiry = expiry
             push = self._expiries.append
@@ -90,17 +158,25 @@ class ApproxIndex:
             push = partial(heapq.heappush, self._expiries)
         for node in reversed(self._tree.path(self._tree.root, local_hashes)):
             holders = node.holders  # the leading block ends up most recent
-            if actor in holders:
-                move_to_end(node)
-            else:
+            held = actor in holders
+            if not held:
                 push((expiry, next(counter), actor, node))
-                nodes[node] = None
+            touch(node, held)
             holders[actor] = expiry
-        if self.capacity_blocks is not None:
-            while len(nodes) > self.capacity_blocks:
-                oldest, _ = nodes.popitem(last=False)
-                del oldest.holders[actor]
-                self._tree.prune(oldest)
+        self._evict(actor, blocks)
+
+    def _shape(self, actor: str, blocks: _ActorBlocks) -> _ActorBlocks:
+        capacity, share = self._cache_of.get(actor, (None, 0.0))
+        blocks.capacity = self.capacity_blocks if capacity is None else capacity
+        blocks.protected_capacity = int(share * blocks.capacity) if blocks.capacity else 0
+        return blocks
+
+    def _evict(self, actor: str, blocks: _ActorBlocks) -> None:
+        for node in blocks.over_capacity():
+            del node.holders[actor]
+            self._tree.prune(node)
+        if not blocks:
+            del self._blocks_of[actor]
 
     def find_matches(self, local_hashes: Sequence[int], now: float | None = None) -> dict[str, int]:
         """Per actor, how many leading blocks of the query it probably holds.
@@ -119,37 +195,37 @@ class ApproxIndex:
             if child is None or actor not in child.holders:
                 return
             node = child
-        nodes = self._nodes_of.get(actor)
-        if nodes is None:
+        blocks = self._blocks_of.get(actor)
+        if blocks is None:
             return
         dropped: list[_Node] = []
         stack = [node] if local_hashes else list(node.children.values())
         while stack:
             below = stack.pop()
             if below.holders.pop(actor, None) is not None:
-                nodes.pop(below, None)
+                blocks.discard(below)
                 dropped.append(below)
                 stack.extend(below.children.values())
         for below in reversed(dropped):  # deepest first: a leaf's pruning walks up
             self._tree.prune(below)
-        if not nodes:
-            del self._nodes_of[actor]
+        if not blocks:
+            del self._blocks_of[actor]
 
     def remove_actor(self, actor: str) -> None:
         """Forget ``actor``'s blocks (it died or left); a no-op for an unknown actor."""
-        for node in self._nodes_of.pop(actor, set()):
+        for node in self._blocks_of.pop(actor, ()):
             del node.holders[actor]
             self._tree.prune(node)
 
     def num_blocks(self, actor: str, now: float | None = None) -> int:
         """How many blocks ``actor`` is assumed to hold now."""
         self._expire(self._now(now))
-        return len(self._nodes_of.get(actor, ()))
+        return len(self._blocks_of.get(actor, ()))
 
     def actors(self, now: float | None = None) -> list[str]:
         """Actors assumed to hold at least one block now."""
         self._expire(self._now(now))
-        return list(self._nodes_of)
+        return list(self._blocks_of)
 
     def num_nodes(self) -> int:
         """Nodes in the tree (a full walk: for tests and diagnostics)."""
@@ -172,8 +248,19 @@ class ApproxIndex:
                 self._push(current, actor, node)  # refreshed since
                 continue
             del node.holders[actor]
-            nodes = self._nodes_of[actor]
-            nodes.pop(node, None)
-            if not nodes:
-                del self._nodes_of[actor]
+            blocks = self._blocks_of[actor]
+            blocks.discard(node)
+            if not blocks:
+                del self._blocks_of[actor]
             self._tree.prune(node)
+
+
+def _check_capacity(capacity_blocks: int | None) -> None:
+    if capacity_blocks is not None and (
+        isinstance(capacity_blocks, bool)
+        or not isinstance(capacity_blocks, int)
+        or capacity_blocks < 1
+    ):
+        raise ValueError(
+            f"ApproxIndex capacity_blocks has value {capacity_blocks!r}; expected an int >= 1"
+        )

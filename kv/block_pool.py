@@ -105,6 +105,7 @@ class BlockPool:
         self._enable_prefix_caching = enable_prefix_caching
         self._event_log = event_log
         self._blocks = [Block(BlockId(i)) for i in range(num_blocks)]
+        self._protected_share = protected_share
         self._protected_capacity = int(num_blocks * protected_share)
         self._free_queue = SegmentedFreeQueue(self._blocks, self._protected_capacity)
         self._cached: dict[SequenceHash, Block] = {}
@@ -124,6 +125,11 @@ class BlockPool:
     def block_size(self) -> int:
         """Tokens per block."""
         return self._block_size
+
+    @property
+    def protected_share(self) -> float:
+        """The share of the blocks that reused blocks may hold when freed (0: plain LRU)."""
+        return self._protected_share
 
     @property
     def num_free_blocks(self) -> int:

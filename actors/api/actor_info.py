@@ -24,6 +24,10 @@ class ActorInfo:
     worker: str  # the Dask worker's address ("local" outside a worker)
     kv_events: bool = False  # False: no prefix cache to follow; route approximately
     kv_block_size: int | None = None  # None for engines without a KV cache
+    # The engine's KV cache as approximate routing models it: its size in tokens (None:
+    # unknown) and the share of it its eviction protects for reused blocks (0: plain LRU).
+    kv_cache_tokens: int | None = None
+    kv_protected_share: float = 0.0
     tokenizer_files: dict[str, bytes] = field(default_factory=dict, repr=False)
     kv_transfer_address: str | None = None  # set once a prefill/decode listener is open
     # SamplingParams keywords for fields a request leaves out (``sampling_defaults``).
@@ -36,12 +40,17 @@ class ActorInfo:
             raise ValueError(
                 f"ActorInfo 'stream_address' has value {self.stream_address!r}; expected host:port"
             )
-        for name in ("max_model_len", "kv_block_size"):
+        for name in ("max_model_len", "kv_block_size", "kv_cache_tokens"):
             value = getattr(self, name)
-            if value is None and name == "kv_block_size":
+            if value is None and name != "max_model_len":
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ActorInfo '{name}' has value {value!r}; expected an int >= 1")
+        share = self.kv_protected_share
+        if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share <= 1:
+            raise ValueError(
+                f"ActorInfo 'kv_protected_share' has value {share!r}; expected a number in [0, 1]"
+            )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ActorInfo:

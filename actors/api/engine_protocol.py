@@ -9,6 +9,12 @@ Engines with a prefix cache (the built-in engine and the mocker) are also
 the others (echo, python) are routed with an approximate index instead. An engine whose
 model runs on a server it does not own (``out=openai``) is a ``ForwardingEngine``: it can
 lose that server while its actor lives on, and says so.
+
+Optional attributes the ``EngineActor`` reads into the actor's info where an engine has
+them: ``sampling_defaults`` (a model's generation defaults), ``kv_protected_share`` (how
+its prefix cache evicts, ``kv.free_queue``; absent: plain LRU) and ``kv_cache_tokens``
+(its KV cache's size when ``stats().num_kv_blocks`` cannot say, as for a forwarding
+engine). Approximate routing models the cache from the last two.
 """
 
 from __future__ import annotations

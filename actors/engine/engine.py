@@ -197,6 +197,12 @@ class LLMEngine:
         """Tokens per KV block (the router hashes prompts in blocks of this size)."""
         return self.parts.kv_manager.block_size
 
+    @property
+    def kv_protected_share(self) -> float:
+        """How the prefix cache evicts (``kv.free_queue``; 0: plain LRU), for routers that
+        model it without KV events."""
+        return self.parts.kv_manager.pool.protected_share
+
     def kv_cache_dump(self) -> KVCacheDump:
         """The whole prefix cache, as of the last KV event recorded (for a router resync).
 

@@ -111,6 +111,8 @@ class EngineActor(KVTransferMethods):
             worker=_worker_address(),
             kv_events=has_kv_cache,  # False: route with the approximate index
             kv_block_size=engine.kv_block_size if isinstance(engine, KVCacheEngine) else None,
+            kv_cache_tokens=_kv_cache_tokens(engine),
+            kv_protected_share=float(getattr(engine, "kv_protected_share", 0.0)),
             tokenizer_files=await asyncio.to_thread(_tokenizer_files, engine),
             sampling_defaults=dict(getattr(engine, "sampling_defaults", {})),
         ).to_dict()
@@ -378,3 +380,16 @@ def _tokenizer_files(engine: Engine) -> dict[str, bytes]:
     with tempfile.TemporaryDirectory() as folder:
         tokenizer.save_pretrained(folder)
         return {p.name: p.read_bytes() for p in Path(folder).iterdir() if p.is_file()}
+
+
+def _kv_cache_tokens(engine: Engine) -> int | None:
+    """The engine's KV cache in tokens, for routers that model it (None: unknown): what
+    the engine says (``kv_cache_tokens``: a forwarding engine's server), else its blocks."""
+    if hasattr(engine, "kv_cache_tokens"):
+        declared = engine.kv_cache_tokens
+        return declared if isinstance(declared, int) and declared > 0 else None
+    block_size = getattr(engine, "kv_block_size", None)
+    blocks = engine.stats().num_kv_blocks
+    if not isinstance(block_size, int) or block_size < 1 or blocks < 1:
+        return None
+    return blocks * block_size

@@ -20,7 +20,10 @@ Design decisions:
   ``--router-predicted-ttl-secs`` (the predicted blocks), or until an event says the
   actor evicted them (``predictions_outlive_evictions=True``: the whole TTL, as before
   2026-12-05).
-  ``approximate`` reads only where prompts were routed. After a step that advanced a
+  ``approximate`` reads only where prompts were routed: the product's ``ApproxIndex`` on
+  the simulated clock, pruned at the engine's cache size and protected share as the
+  control plane models an engine from its info (``approximate-ttl``: the TTL alone, as
+  the product did before 2026-12-06). After a step that advanced a
   prompt's prefill without finishing it the engine reports what is left of it (the
   ``"prefill"`` frames, ``ActorLoad.progress``), ``event_delay_ms`` later too
   (``prefill_progress=False``, ``--no-prefill-progress``: counted whole until the first
@@ -55,6 +58,7 @@ from bench.routing.trace_systems import matched_timing
 from dynask.actors.backends.mocker_config import MockerConfig
 from dynask.control_plane.routing.kv_router import Candidate, KVRouter, RouterConfig
 from dynask.control_plane.routing.model_routing import RoutingOptions
+from dynask.kv.approx_index import ApproxIndex
 from dynask.kv.prefix_index import TierOverlap
 
 TRACE = shared_path("traces", "mooncake_synthetic_trace.jsonl")
@@ -68,20 +72,13 @@ class RouterView:
     decode_blocks: dict[int, int] = field(default_factory=dict)  # request -> held blocks
     known: set[BlockKey] = field(default_factory=set)  # from KV events
     predicted: dict[BlockKey, float] = field(default_factory=dict)  # routed: until (ms)
-    routed: set[BlockKey] = field(default_factory=set)  # approximate mode's notes
+    approx: ApproxIndex | None = None  # approximate mode's notes (the product's index)
 
-    def overlap(
-        self, keys: Sequence[BlockKey], approximate: bool = False, now_ms: float = 0.0
-    ) -> int:
-        """Leading blocks of ``keys`` held: by the events and the predicted blocks (``kv``),
-        or by where prompts were routed (``approximate``)."""
+    def overlap(self, keys: Sequence[BlockKey], now_ms: float = 0.0) -> int:
+        """Leading blocks of ``keys`` held by the events and the predicted blocks (``kv``)."""
         count = 0
         for key in keys:
-            if approximate:
-                held = key in self.routed
-            else:
-                held = key in self.known or self.predicted.get(key, -1.0) >= now_ms
-            if not held:
+            if not (key in self.known or self.predicted.get(key, -1.0) >= now_ms):
                 break
             count += 1
         return count
@@ -105,10 +102,14 @@ class Simulation:
         config: MockerConfig | None = None,
         prefill_progress: bool = True,
         predictions_outlive_evictions: bool = False,
+        approx_cache: str = "engine",
     ) -> None:
         self.config = config or MockerConfig(**matched_timing(64))
         self.engines = [SimEngine(f"actor-{i}", self.config, engine_order) for i in range(actors)]
-        self.views = [RouterView() for _ in range(actors)]
+        self.views = [
+            RouterView(approx=self._approx_index(e.name, approx_cache)) for e in self.engines
+        ]
+        self._key_ids: dict[BlockKey, int] = {}
         self.policy = policy
         self.event_delay_ms = event_delay_ms
         start = requests[0].timestamp_ms
@@ -173,7 +174,8 @@ class Simulation:
         view.prefill_blocks[seq.index] = -(-uncached_tokens // self.config.block_size)
         until = self.now_ms + self.predicted_ttl_ms
         view.predicted.update((key, until) for key in seq.keys)
-        view.routed.update(seq.keys)
+        assert view.approx is not None
+        view.approx.note_routed(engine.name, self.local_hashes(seq))
         engine.waiting.append(seq)
         if engine.busy_until is None:
             self._start_step(choice)
@@ -218,11 +220,33 @@ class Simulation:
 
     def overlaps(self, seq: SimSequence, approximate: bool) -> dict[str, TierOverlap]:
         out = {}
+        hashes = self.local_hashes(seq) if approximate else []
         for engine, view in zip(self.engines, self.views, strict=True):
-            blocks = view.overlap(seq.keys, approximate, self.now_ms)
+            if approximate:
+                assert view.approx is not None
+                blocks = view.approx.find_matches(hashes).get(engine.name, 0)
+            else:
+                blocks = view.overlap(seq.keys, self.now_ms)
             if blocks:
                 out[engine.name] = TierOverlap(blocks)
         return out
+
+    def local_hashes(self, seq: SimSequence) -> list[int]:
+        """The sequence's block keys as the ints an ``ApproxIndex`` takes (one per key)."""
+        ids = self._key_ids
+        return [ids.setdefault(key, len(ids)) for key in seq.keys]
+
+    def _approx_index(self, name: str, approx_cache: str) -> ApproxIndex:
+        """Mode approximate's index on the simulated clock: ``engine`` models the engine's
+        cache as the control plane does from its info (size, protected share), ``ttl``
+        keeps every routed block for the TTL (the product before 2026-12-06)."""
+        if approx_cache not in ("engine", "ttl"):
+            raise ValueError(f"approx_cache has value {approx_cache!r}; expected engine or ttl")
+        index = ApproxIndex(PRODUCT.approx_ttl_s, clock=lambda: self.now_ms / 1000)
+        if approx_cache == "engine":
+            share = self.config.prefix_cache_protected_share
+            index.set_actor_cache(name, self.config.num_kv_blocks, share)
+        return index
 
     def summary(self) -> dict[str, float]:
         measured = self.sequences[self.warm :]
@@ -257,6 +281,7 @@ PRODUCT = RoutingOptions(seed=0)  # the control plane's default weights
 POLICIES: dict[str, Callable[[], Policy]] = {
     "kv": lambda: router_policy(PRODUCT.router_config("kv")),
     "approximate": lambda: router_policy(PRODUCT.router_config("approximate")),
+    "approximate-ttl": lambda: router_policy(PRODUCT.router_config("approximate")),
     "kv-dynamo": lambda: router_policy(RouterConfig("kv", seed=0)),  # Dynamo's cost
     "approximate-dynamo": lambda: router_policy(RouterConfig("approximate", seed=0)),
     "least-loaded": lambda: router_policy(PRODUCT.router_config("least-loaded")),
@@ -267,7 +292,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
 # Policies of ours: their engines report prefill progress, and an eviction cancels a
 # predicted block. Dynamo's router counts a prompt whole until its first token, and
 # round-robin reads no load.
-OURS = frozenset({"kv", "approximate", "least-loaded"})
+OURS = frozenset({"kv", "approximate", "approximate-ttl", "least-loaded"})
 
 
 def engine_config(ours: bool) -> MockerConfig:
@@ -341,6 +366,7 @@ def main(argv: list[str] | None = None) -> None:
                         config=engine_config(name in OURS),
                         prefill_progress=progress and name in OURS,
                         predictions_outlive_evictions=outlive or name not in OURS,
+                        approx_cache="engine" if name == "approximate" else "ttl",
                     ),
                 )
                 for name in args.policies.split(",")

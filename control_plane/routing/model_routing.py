@@ -5,9 +5,11 @@ Design decisions:
 - One ``PrefixIndex`` per served model, keyed by actor name, fed through an
   ``ActorKVSync`` per actor whose engine reports KV events (``info.kv_events``).
   Actors without (echo, python) go into an ``ApproxIndex`` instead: a prompt's blocks are
-  assumed cached on the actor it was routed to, for a TTL, at most ``--router-approx-
-  capacity-blocks`` per actor (LRU). ``find_tiered_matches`` merges the two (in mode
-  ``kv`` only the approximate actors are read from the ``ApproxIndex``); ``choose``
+  assumed cached on the actor it was routed to, for a TTL, and pruned as the actor's
+  engine evicts: at the cache size and eviction policy (plain or segmented LRU) the
+  engine reported at start (``ActorInfo.kv_cache_tokens``, ``kv_protected_share``), or at
+  most ``--router-approx-capacity-blocks`` per actor. ``find_tiered_matches`` merges the
+  two (in mode ``kv`` only the approximate actors are read from the ``ApproxIndex``); ``choose``
   computes the overlaps there and hands them to the ``KVRouter``, a pure chooser that
   never calls back.
 - Mode ``approximate`` (Dynamo's ``--no-router-kv-events``) routes every actor from the
@@ -51,6 +53,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from dynask.actors.api.actor_info import ActorInfo
 from dynask.control_plane.flags import flag, non_negative_float, positive_int
 from dynask.control_plane.routing.kv_event_sync import ActorKVSync
 from dynask.control_plane.routing.kv_router import (
@@ -135,7 +138,8 @@ class RoutingOptions:
     approx_capacity_blocks: int | None = flag(  # None: the TTL alone forgets blocks
         "--router-approx-capacity-blocks",
         None,
-        "approximate routing: blocks assumed held per engine, least recent forgotten first",
+        "approximate routing: blocks assumed held per engine, forgotten as it evicts "
+        "(default: the cache size each engine reports; none reported, the TTL alone)",
         type=positive_int,
     )
     predicted_ttl_s: float = flag(
@@ -231,6 +235,7 @@ class ModelRouting:
             self.follow_peers(handle)
         if not handle.info.kv_events or block_size is None:
             self._approx_actors.add(handle.name)
+            self._model_cache(handle.info)
             return
         if self.block_size is None:
             self.block_size = block_size
@@ -244,6 +249,7 @@ class ModelRouting:
                 block_size,
                 self.block_size,
             )
+        self._model_cache(handle.info)
         resyncs = self._metrics.kv_resyncs
         sync = ActorKVSync(
             handle.name,
@@ -254,6 +260,15 @@ class ModelRouting:
         self._syncs[handle.name] = sync
         handle.listener = sync
         sync.start()
+
+    def _model_cache(self, info: ActorInfo) -> None:
+        """The approximate index prunes the actor's blocks as its engine evicts: at its
+        cache's size in the router's blocks (unless ``--router-approx-capacity-blocks``
+        sets one for all) and with its eviction's protected share."""
+        capacity = None
+        if info.kv_cache_tokens is not None and self.options.approx_capacity_blocks is None:
+            capacity = max(1, info.kv_cache_tokens // (self.block_size or DEFAULT_BLOCK_SIZE))
+        self.approx.set_actor_cache(info.name, capacity, info.kv_protected_share)
 
     def follow_peers(self, handle: ActorHandle) -> None:
         """Hears what other control planes route to ``handle``'s actor and counts it in its

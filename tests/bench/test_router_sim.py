@@ -299,3 +299,25 @@ def test_the_router_counts_down_a_long_prefill_as_the_engine_reports_it(reported
 
     # 20,000 - 8,192 = 11,808 tokens left (185 blocks), then 3,616 (57).
     assert simulation.seen == ([{0: 185}, {0: 57}] if reported else [])
+
+
+@pytest.mark.parametrize(("approx_cache", "assumed"), [("engine", 32), ("ttl", 48)])
+def test_approximate_mode_assumes_no_more_than_the_engine_can_hold(
+    approx_cache: str, assumed: int
+) -> None:
+    # Three unrelated 1,024-token prompts (16 blocks each) on one engine of 32 blocks.
+    config = dataclasses.replace(CONFIG, num_kv_blocks=32)
+    requests = [TraceRequest(i * 1000.0, 1024, 1, (10 * i, 10 * i + 1)) for i in range(3)]
+    sim = Simulation(
+        requests, 1.0, 1, POLICIES["approximate"](), config=config, approx_cache=approx_cache
+    )
+
+    sim.run()
+
+    approx = sim.views[0].approx
+    assert approx is not None and approx.num_blocks("actor-0") == assumed
+
+
+def test_an_unknown_approximate_cache_model_is_refused() -> None:
+    with pytest.raises(ValueError, match="approx_cache has value 'lru'"):
+        Simulation([TraceRequest(0.0, 64, 1, (1,))], 1.0, 1, POLICIES["kv"](), approx_cache="lru")

@@ -182,3 +182,64 @@ def test_forget_of_what_an_actor_never_held_is_a_no_op_and_an_empty_path_forgets
     index.forget("w0", [])
     assert index.find_matches(P, now=1.0) == {"w1": 2}
     assert (index.actors(now=1.0), index.num_nodes()) == (["w1"], 2)
+
+
+@pytest.mark.parametrize(
+    ("share", "kept"),
+    [(0.0, {"[1]": 0, "[5,6]": 1, "[7]": 1}), (0.5, {"[1]": 1, "[5,6]": 0, "[7]": 1})],
+)
+def test_an_actor_cache_evicts_as_its_engine_does_plain_or_segmented_lru(
+    share: float, kept: dict[str, int]
+) -> None:
+    index = ApproxIndex(ttl_s=100)
+    index.set_actor_cache("w0", 4, protected_share=share)
+    index.note_routed("w0", [1, 2], now=0.0)
+    index.note_routed("w0", [1], now=1.0)  # block 1 reused: protected when share > 0
+    index.note_routed("w0", [5, 6], now=2.0)
+    index.note_routed("w0", [7], now=3.0)  # 5 blocks: 2 goes either way
+    assert index.find_matches([1, 2], now=3.5) == {"w0": 1}
+
+    index.note_routed("w0", [8, 9], now=4.0)  # 6 blocks: two more go
+
+    # LRU forgets 1 then 6 (its least recent); segmented forgets probation's 6 and 5.
+    assert index.find_matches([1], now=5.0).get("w0", 0) == kept["[1]"]
+    assert index.find_matches([5, 6], now=5.0).get("w0", 0) == kept["[5,6]"]
+    assert index.find_matches([7], now=5.0).get("w0", 0) == kept["[7]"]
+    assert index.find_matches([8, 9], now=5.0) == {"w0": 2}
+    assert index.num_blocks("w0", now=5.0) == 4
+
+
+def test_past_the_protected_share_the_least_recently_reused_block_is_demoted() -> None:
+    index = ApproxIndex(ttl_s=100)
+    index.set_actor_cache("w0", 4, protected_share=0.25)  # one protected block
+    index.note_routed("w0", [1], now=0.0)
+    index.note_routed("w0", [1], now=1.0)  # 1 protected
+    index.note_routed("w0", [3], now=2.0)
+    index.note_routed("w0", [3], now=3.0)  # 3 protected, 1 demoted to probation's tail
+
+    index.note_routed("w0", [4, 5, 6], now=4.0)  # 5 blocks: probation's head (1) goes
+
+    assert index.find_matches([1], now=5.0) == {}
+    assert index.find_matches([3], now=5.0) == {"w0": 1}
+    assert index.find_matches([4, 5, 6], now=5.0) == {"w0": 3}
+
+
+def test_an_actor_cache_overrides_the_index_capacity_and_applies_at_once() -> None:
+    index = ApproxIndex(ttl_s=100, capacity_blocks=3)
+    index.note_routed("w0", [1, 2, 3], now=0.0)
+    index.note_routed("w1", [1, 2, 3], now=0.0)
+
+    index.set_actor_cache("w0", 2)  # smaller: its tail goes now
+    index.set_actor_cache("w1", 5)
+    index.note_routed("w1", [7, 8], now=1.0)  # 5 blocks fit w1's own capacity
+
+    assert index.find_matches([1, 2, 3], now=2.0) == {"w0": 2, "w1": 3}
+    assert (index.num_blocks("w0", now=2.0), index.num_blocks("w1", now=2.0)) == (2, 5)
+    index.set_actor_cache("w1", None)  # back to the index's 3
+    assert index.num_blocks("w1", now=2.0) == 3
+
+
+@pytest.mark.parametrize("share", [-0.1, 1.5, True])
+def test_the_protected_share_must_be_within_zero_and_one(share: object) -> None:
+    with pytest.raises(ValueError, match="protected_share has value"):
+        ApproxIndex().set_actor_cache("w0", 4, protected_share=share)  # type: ignore[arg-type]

@@ -142,6 +142,14 @@ class OpenAIForwardEngine:
         """``listener(reason)`` is called once, on the engine thread, if the server is lost."""
         self._lost_listeners.append(listener)
 
+    @property
+    def kv_cache_tokens(self) -> int | None:
+        """The server's KV cache in tokens, from its metrics (None: it does not say)."""
+        upstream = self.upstream
+        if upstream.block_size is None or upstream.num_kv_blocks < 1:
+            return None
+        return upstream.num_kv_blocks * upstream.block_size
+
     def stats(self) -> EngineStats:
         """This engine's own requests and counters (the server may serve others too)."""
         counters = self._counters

@@ -81,6 +81,34 @@ def test_bad_sampling_params_keep_their_type_across_the_actor_call(smollm2_folde
     _with_actor(EngineSpec(kind="echo", model=str(smollm2_folder)), body)
 
 
+@pytest.mark.parametrize(
+    ("spec", "cache"),
+    [
+        (
+            EngineSpec(
+                kind="mocker",
+                engine_args={
+                    "num_kv_blocks": 300,
+                    "block_size": 32,
+                    "prefix_cache_protected_share": 0.25,
+                },
+            ),
+            (9600, 0.25),
+        ),
+        (EngineSpec(kind="mocker", engine_args={"num_kv_blocks": 64}), (64 * 16, 0.5)),
+        (EngineSpec(kind="echo"), (None, 0.0)),
+    ],
+    ids=["mocker-segmented", "mocker-defaults", "echo"],
+)
+def test_info_describes_the_kv_cache_as_approximate_routing_models_it(
+    spec: EngineSpec, cache: tuple[int | None, float]
+) -> None:
+    async def body(handle: ActorHandle) -> None:
+        assert (handle.info.kv_cache_tokens, handle.info.kv_protected_share) == cache
+
+    _with_actor(spec, body)
+
+
 def test_leaving_a_stream_early_aborts_and_frees_blocks(smollm2_folder: Path) -> None:
     spec = EngineSpec(
         kind="mocker",

@@ -7,6 +7,10 @@ decision and its events. The router's load terms stay 0 (no request is admitted)
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import pytest
+
 from dynask.control_plane.routing.model_routing import ModelRouting, RoutingOptions
 from dynask.control_plane.serving.actor_handle import ActorHandle
 from dynask.control_plane.serving.metrics import ServingMetrics
@@ -118,3 +122,42 @@ def test_a_prefix_its_events_say_was_evicted_stops_counting_though_it_was_routed
     assert routing.find_matches(routing.local_hashes(prefix)) == {holder: 4}
     turn3 = routing.choose("r3", prefix + tokens(seed=10, blocks=1), handles)
     assert _overlaps(turn3.decision.scores) == {n: 4 if n == holder else 0 for n in NAMES}
+
+
+@pytest.mark.parametrize(("share", "kept"), [(0.0, (0, 3, 3)), (0.5, (2, 1, 3))])
+def test_an_engines_reported_cache_bounds_approximate_routing_as_the_engine_evicts(
+    share: float, kept: tuple[int, int, int]
+) -> None:
+    # No --router-approx-capacity-blocks: the actor's info says its cache holds 6 blocks
+    # and how it evicts. Prompt a is routed twice (reused), then b and c: 8 blocks.
+    routing = ModelRouting("m", RoutingOptions(mode="approximate", seed=1), ServingMetrics())
+    base = unconnected_handle("a0", kv_events=False)
+    info = replace(base.info, kv_cache_tokens=6 * BLOCK, kv_protected_share=share)
+    only = ActorHandle(name="a0", deployment="d", proxy=None, info=info)
+    routing.add_actor(only)
+    prompts = [tokens(seed=12, blocks=2), tokens(seed=13, blocks=3), tokens(seed=14, blocks=3)]
+    for request_id, prompt in zip(("r1", "r2", "r3", "r4"), prompts[:1] + prompts, strict=True):
+        routing.choose(request_id, prompt, [only])
+
+    # Plain LRU forgets a (least recently routed); segmented LRU keeps reused a and
+    # forgets b's tail from probation.
+    hashes = routing.local_hashes
+    held = tuple(
+        routing.find_tiered_matches(hashes(p), approximate=True).get("a0", TierOverlap(0))
+        for p in prompts
+    )
+    assert held == tuple(TierOverlap(n) for n in kept)
+    assert routing.approx.num_blocks("a0") == 6
+
+
+def test_the_approximate_capacity_flag_overrides_what_engines_report() -> None:
+    options = RoutingOptions(mode="approximate", seed=1, approx_capacity_blocks=4)
+    routing = ModelRouting("m", options, ServingMetrics())
+    base = unconnected_handle("a0", kv_events=False)
+    info = replace(base.info, kv_cache_tokens=100 * BLOCK)
+    only = ActorHandle(name="a0", deployment="d", proxy=None, info=info)
+    routing.add_actor(only)
+
+    routing.choose("r1", tokens(seed=15, blocks=6), [only])
+
+    assert routing.approx.num_blocks("a0") == 4

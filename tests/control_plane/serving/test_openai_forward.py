@@ -25,6 +25,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 from dynask.actors.api.actor_info import ActorInfo
+from dynask.actors.backends.openai_forward.upstream import probe
 from dynask.actors.runtime.engine_actor import EngineActor
 from dynask.actors.runtime.engine_factory import EngineSpec
 from dynask.control_plane.serving.actor_handle import ActorHandle
@@ -143,6 +144,17 @@ def test_info_says_which_actors_report_kv_events(world: World, loop: LoopThread)
     }
     assert infos["fwd-kv"].kv_block_size == BLOCK_SIZE
     assert infos["fwd-0"].max_model_len == 2048  # the server's, from its /v1/models
+    # The server's cache as approximate routing models it: its size from its metrics,
+    # and vLLM's plain LRU.
+    with httpx.Client(timeout=10) as client:
+        server = probe(client, f"{world.main.url}/v1", None)
+    assert server.block_size == BLOCK_SIZE and server.num_kv_blocks > 0
+    expected = server.num_kv_blocks * BLOCK_SIZE
+    on_main = ("fwd-0", "fwd-1", "fwd-kv")
+    assert {name: infos[name].kv_cache_tokens for name in on_main} == dict.fromkeys(
+        on_main, expected
+    )
+    assert {info.kv_protected_share for info in infos.values()} == {0.0}
 
 
 def test_completion_is_the_servers_own_answer(world: World, loop: LoopThread) -> None:

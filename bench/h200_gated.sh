@@ -4,7 +4,8 @@
 #   bash bench/h200_gated.sh [sweep|compare|skinny]
 # sweep: its kernel test on CUDA, then bench.engine.gated_gemm (cuBLAS + silu_and_mul
 # against each tile at ROWS rows, default 256,2048,8192).
-# skinny: bench.engine.skinny_tma (decode projections at ROWS rows, default 64: cuBLAS
+# skinny: the skinny kernels' tests on CUDA, then bench.engine.skinny_tma (decode projections
+# at ROWS rows, default 64: cuBLAS
 # against TMA skinny GEMMs and the fused gate|up GEMM's 64-row tiles).
 # compare: the CUDA tests that cover it (TESTS, default below) (the kernel, the fast paths, the skinny chooser,
 # PDL's bf16 equality), then bench/h200_compare.sh against the tree unpacked in base/
@@ -17,6 +18,10 @@ bash bench/h200.sh setup > "$OUT/setup.log" 2>&1
 export PYTHONPATH=/tmp/ns:$PWD:/tmp/site PYTHONUNBUFFERED=1
 export DYNASK_TEST_TOKENIZER=$PWD/.devcarry/tokenizer DYNASK_CACHE_DIR=/tmp/dynask-cache
 if [[ ${1:-sweep} == skinny ]]; then
+    DYNASK_TEST_DEVICE=cuda timeout ${TESTS_TIMEOUT:-150} python3 -m pytest -q -rf -p no:cacheprovider \
+        tests/actors/engine/test_skinny_tma.py tests/actors/engine/test_skinny_matmul.py 2>&1 \
+        | tail -n 30 > "$OUT/tests-skinny.log"
+    tail -n 3 "$OUT/tests-skinny.log"
     timeout ${SWEEP_TIMEOUT:-400} python3 -m bench.engine.skinny_tma --rows ${ROWS:-64} \
         --out "$OUT/skinny-tma.json" 2>&1 | grep -v "triton compile" > "$OUT/skinny-tma.log"
     cat "$OUT/skinny-tma.log"

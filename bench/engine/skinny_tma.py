@@ -7,8 +7,9 @@ skinny kernels (pointer loads, ``skinny_matmul``) slower still. This sweep asks 
 TMA loads change that, and which tiles the engine should offer:
 
 * o, q|k|v, down: ``F.linear`` against the TMA skinny GEMM (``actors.engine.cuda.
-  skinny_tma``, which the engine's chooser offers three tiles of) per tile (BLOCK_N,
-  BLOCK_K, split-K, stages), and against the engine's pointer-load 64-row tiles;
+  skinny_tma``, whose candidates the engine's chooser offers) per tile (BLOCK_N,
+  BLOCK_K, split-K or stream-K, stages), and against the engine's pointer-load 64-row
+  tiles;
 * gate|up: ``F.linear`` + ``silu_and_mul`` against the fused gate|up GEMM
   (``gated_gemm.launch``) with 64-row tiles, one program per tile or persistent.
 
@@ -47,7 +48,8 @@ def launch(x: torch.Tensor, weight: torch.Tensor, tile: TmaTile) -> torch.Tensor
 
 
 def tma_tiles(n: int, k: int) -> list[TmaTile]:
-    """The plain candidates for an ``n x k`` weight: 96..1,056 programs, >= 2 K blocks each."""
+    """The plain candidates for an ``n x k`` weight (96..1,056 programs, >= 2 K blocks
+    each) and the stream-K ones (1 or 2 programs per SM)."""
     tiles = []
     for block_n in (32, 64, 128):
         for block_k in (64, 128):
@@ -56,6 +58,9 @@ def tma_tiles(n: int, k: int) -> list[TmaTile]:
                 per_program = k // split
                 if 96 <= programs <= 1056 and per_program >= 2 * block_k:
                     tiles.append(TmaTile(block_n, block_k, split, 4, 6 if block_k == 64 else 4))
+            for stream, stages in ((1, 4), (1, 6), (2, 3), (2, 4)):
+                if block_n * block_k * stages <= 64 * 128 * 4:  # two tiles' stages in shared memory
+                    tiles.append(TmaTile(block_n, block_k, 1, 4, stages, stream_k=stream))
     return [t for t in tiles if t.fits(n, k)]
 
 

@@ -179,12 +179,11 @@ def _launch_tma(
         x = fused_ops.silu_and_mul(x)
     elif norm is not None:
         x = fused_ops.add_rms_norm(x, norm.residual, norm.weight, norm.eps)[0]
-    n = weight.shape[0]
+    n, k = weight.shape
     part, count = weight, weight  # unused unless split
-    if tile.split_k > 1:
-        part, count = _split_buffers(
-            x.device, tile.split_k * skinny_tma.BLOCK_M * n, n // tile.block_n
-        )
+    floats = tile.split_floats(n, k, x.device)
+    if floats:
+        part, count = _split_buffers(x.device, floats, n // tile.block_n)
     return skinny_tma.launch(x, weight, tile, part, count)
 
 

@@ -9,6 +9,14 @@ TMA (Hopper), pipelined ``num_stages`` deep; the 64-row input block is read the 
 (rows past the batch read as zeros). Split partials meet as in ``triton_gemv`` (the last
 program of a column tile sums them in split order; no reduce kernel).
 
+A grid of (column tiles x splits) leaves SMs idle in its last wave: the q|k|v weight of
+Llama-3.1-8B in 64-column tiles is 96 programs on an H200's 132 SMs, and cuBLAS's own
+64x64 tile reads it at ~72% of the copy rate. A tile with ``stream_k`` > 0 runs
+stream-K instead: ``stream_k`` programs per SM walk the (column tile, K block) units in
+order, each the same number of units, and a column tile shared by two or more programs
+is summed by the last of them to arrive, in K order (the same bits whatever the arrival
+order).
+
 No prologue runs inside it: where the chooser asks for a norm or SiLU·mul in front
 (``skinny_matmul.norm_linear``, ``gated_linear``), the unfused small kernel runs first,
 so a TMA tile competes with cuBLAS on equal terms. Only bias-free half-precision layers
@@ -35,21 +43,47 @@ class TmaTile:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 4
+    stream_k: int = 0  # > 0: stream-K over this many programs per SM (split_k unused)
 
     def __str__(self) -> str:
-        return (
-            f"tma {self.block_n}x{self.block_k} k{self.split_k} w{self.num_warps} "
-            f"s{self.num_stages}"
-        )
+        split = f"stream{self.stream_k}" if self.stream_k else f"k{self.split_k}"
+        return f"tma {self.block_n}x{self.block_k} {split} w{self.num_warps} s{self.num_stages}"
 
     def fits(self, n: int, k: int) -> bool:
+        if self.stream_k:
+            return n % self.block_n == 0 and k % self.block_k == 0
         return n % self.block_n == 0 and k % (self.block_k * self.split_k) == 0
+
+    def programs(self, n: int, k: int, device: torch.device) -> int:
+        """Stream-K's program count for an ``n x k`` weight: never more than its units."""
+        units = n // self.block_n * (k // self.block_k)
+        return max(1, min(units, self.stream_k * multiprocessors(device)))
+
+    def split_floats(self, n: int, k: int, device: torch.device) -> int:
+        """The float32 partials it needs (0: none)."""
+        if self.stream_k:
+            return 2 * self.programs(n, k, device) * BLOCK_M * self.block_n
+        return self.split_k * BLOCK_M * n if self.split_k > 1 else 0
 
 
 # The candidates at 17..64 rows, each one compile: chosen before any sweep on a GPU (a
 # column tile of 32 or 64 with K split two or four ways gives 128..1,792 programs for the
-# 8B shapes; see bench.engine.skinny_tma for the sweep that decides them).
-CANDIDATES = (TmaTile(64, 128, 2), TmaTile(32, 128, 2), TmaTile(64, 128, 4))
+# 8B shapes; see bench.engine.skinny_tma for the sweep that decides them), and two
+# stream-K tiles (one 64-column program per SM; two 32-column ones).
+CANDIDATES = (
+    TmaTile(64, 128, 2),
+    TmaTile(32, 128, 2),
+    TmaTile(64, 128, 4),
+    TmaTile(64, 128, stream_k=1),
+    TmaTile(32, 128, stream_k=2),
+)
+
+
+def multiprocessors(device: torch.device) -> int:
+    """SMs of a GPU; under Triton's interpreter (a CPU tensor) a nominal 4."""
+    if device.type != "cuda":
+        return 4
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
 
 
 def offered(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
@@ -84,8 +118,8 @@ def launch(
     part: torch.Tensor,
     count: torch.Tensor,
 ) -> torch.Tensor:
-    """``x @ weight^T`` for at most 64 rows; ``part`` (>= split_k x 64 x N floats) and
-    ``count`` (>= N / block_n zeros) are the split partials' buffers (unused unsplit)."""
+    """``x @ weight^T`` for at most 64 rows; ``part`` (>= ``tile.split_floats`` floats)
+    and ``count`` (>= N / block_n zeros) are the partials' buffers (unused unsplit)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     from dynask.actors.engine.cuda import triton_skinny_tma
@@ -96,6 +130,15 @@ def launch(
         raise ValueError(f"tile {tile} does not fit {rows} rows of a {tuple(weight.shape)} weight")
     out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
     tiles = n // tile.block_n
+    if tile.stream_k:
+        triton_skinny_tma.skinny_tma_stream_kernel[(tile.programs(n, k, x.device),)](
+            TensorDescriptor.from_tensor(x, [BLOCK_M, tile.block_k]),
+            TensorDescriptor.from_tensor(weight, [tile.block_n, tile.block_k]),
+            out, part, count, rows, n, k, BLOCK_M=BLOCK_M, BLOCK_N=tile.block_n,
+            BLOCK_K=tile.block_k, NUM_STAGES=tile.num_stages, IEEE=x.dtype == torch.float32,
+            num_warps=tile.num_warps, **pdl.options(x.device),
+        )  # fmt: skip
+        return out
     triton_skinny_tma.skinny_tma_kernel[(tiles, tile.split_k)](
         TensorDescriptor.from_tensor(x, [BLOCK_M, tile.block_k]),
         TensorDescriptor.from_tensor(weight, [tile.block_n, tile.block_k]),

@@ -68,6 +68,50 @@ def test_tma_tile_matches_the_unfused_ops(rows: int, tile: TmaTile, prologue: st
     assert torch.equal(again, got)
 
 
+@pytest.mark.parametrize(
+    ("rows", "tile", "sms", "n", "k"),
+    [
+        # 4 column tiles x 8 K blocks over 4 programs: each takes one tile whole
+        (64, TmaTile(32, 32, num_stages=2, stream_k=1), 4, 128, 256),
+        # 32 units over 12 programs: every tile shared by 3..4 programs, unevenly
+        (37, TmaTile(32, 32, num_stages=2, stream_k=3), 4, 128, 256),
+        # 16 units over 3 programs: a program's partial first tile, whole middle
+        # tiles and partial last tile
+        (17, TmaTile(16, 128, num_stages=1, stream_k=1), 3, 128, 256),
+        # more programs than units: as many programs as units, one unit each
+        (50, TmaTile(64, 64, num_stages=2, stream_k=4), 4, 128, 256),
+    ],
+)
+def test_stream_k_tile_matches_f_linear_and_repeats_its_bits(
+    rows: int, tile: TmaTile, sms: int, n: int, k: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    device = _kernel_device()
+    if device.type == "cpu":
+        monkeypatch.setattr(skinny_tma, "multiprocessors", lambda _device: sms)
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    generator = torch.Generator().manual_seed(rows)
+    x = torch.randn((rows, k), generator=generator).to(device, dtype)
+    weight = (torch.randn((n, k), generator=generator) / 8).to(device, dtype)
+    expected = F.linear(x.float(), weight.float())
+    got = skinny_matmul.launch(x, weight, None, tile)
+    assert got.shape == (rows, n) and got.dtype == dtype
+    tolerance = 1e-4 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
+    assert torch.equal(skinny_matmul.launch(x, weight, None, tile), got)  # counts were reset
+
+
+def test_stream_k_programs_and_partials_follow_the_units() -> None:
+    cpu = torch.device("cpu")  # a nominal 4 SMs
+    tile = TmaTile(64, 128, stream_k=2)
+    assert tile.fits(6144, 4096) and not tile.fits(6144, 4096 + 64)
+    assert tile.programs(6144, 4096, cpu) == 8  # 2 per SM
+    assert tile.programs(64, 256, cpu) == 2  # never more than the 1 x 2 units
+    assert tile.split_floats(6144, 4096, cpu) == 2 * 8 * 64 * 64  # two slots a program
+    assert TmaTile(64, 128, split_k=2).split_floats(6144, 4096, cpu) == 2 * 64 * 6144
+    assert TmaTile(64, 128).split_floats(6144, 4096, cpu) == 0
+    assert str(tile) == "tma 64x128 stream2 w4 s4"
+
+
 def test_a_tile_that_does_not_divide_the_weight_is_refused() -> None:
     part = torch.zeros(1)
     with pytest.raises(ValueError, match="does not fit"):

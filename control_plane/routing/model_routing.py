@@ -224,7 +224,7 @@ class ModelRouting:
         self._thresholds = options.thresholds
         self._routers: dict[str, KVRouter] = {}
         self._syncs: dict[str, ActorKVSync] = {}
-        self._approx_actors: set[str] = set()
+        self._approx_actors: dict[str, ActorInfo] = {}  # actors without KV events
 
     # ---- actors ---------------------------------------------------------------------
 
@@ -234,11 +234,13 @@ class ModelRouting:
         if self.options.replica_sync:
             self.follow_peers(handle)
         if not handle.info.kv_events or block_size is None:
-            self._approx_actors.add(handle.name)
+            self._approx_actors[handle.name] = handle.info
             self._model_cache(handle.info)
             return
         if self.block_size is None:
             self.block_size = block_size
+            for info in self._approx_actors.values():  # sized in the default blocks until now
+                self._model_cache(info)
         elif block_size != self.block_size:
             log.warning(
                 "engine actor %s of model '%s' has KV blocks of %d tokens, the model's "
@@ -281,7 +283,7 @@ class ModelRouting:
         sync = self._syncs.pop(name, None)
         if sync is not None:
             sync.close()
-        self._approx_actors.discard(name)
+        self._approx_actors.pop(name, None)
         self.prefix.remove_actor(name)
         self.approx.remove_actor(name)
         if self.predicted is not None:

@@ -7,6 +7,7 @@ decision and its events. The router's load terms stay 0 (no request is admitted)
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 
 import pytest
@@ -161,3 +162,37 @@ def test_the_approximate_capacity_flag_overrides_what_engines_report() -> None:
     routing.choose("r1", tokens(seed=15, blocks=6), [only])
 
     assert routing.approx.num_blocks("a0") == 4
+
+
+class _UnreachableActor:
+    """The proxy of an actor that cannot be reached: its KV dump fails (the sync logs it)."""
+
+    async def kv_cache_dump(self) -> bytes:
+        raise ConnectionError("not connected in this test")
+
+
+def test_an_approximate_actor_added_first_is_resized_to_the_models_blocks() -> None:
+    # The approximate actor reports 6 blocks' worth of tokens before the model's block
+    # size is known (DEFAULT_BLOCK_SIZE, 16, until then: 12 blocks); the first
+    # event-reporting actor brings blocks of 32 tokens, so 6 blocks of 32.
+    async def scenario() -> int:
+        routing = ModelRouting("m", RoutingOptions(mode="approximate", seed=1), ServingMetrics())
+        base = unconnected_handle("a0", kv_events=False)
+        info = replace(base.info, kv_cache_tokens=6 * 32)
+        approx = ActorHandle(name="a0", deployment="d", proxy=None, info=info)
+        routing.add_actor(approx)
+        events = unconnected_handle("e0")
+        events = ActorHandle(
+            name="e0",
+            deployment="d",
+            proxy=_UnreachableActor(),  # type: ignore[arg-type]
+            info=replace(events.info, kv_block_size=32),
+        )
+        routing.add_actor(events)
+        assert routing.block_size == 32
+        routing.choose("r1", list(range(8 * 32)), [approx])
+        held = routing.approx.num_blocks("a0")
+        routing.remove_actor("e0")
+        return held
+
+    assert asyncio.run(scenario()) == 6

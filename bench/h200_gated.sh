@@ -4,11 +4,11 @@
 #   bash bench/h200_gated.sh [sweep|compare|skinny]
 # sweep: its kernel test on CUDA, then bench.engine.gated_gemm (cuBLAS + silu_and_mul
 # against each tile at ROWS rows, default 256,2048,8192).
-# skinny: the skinny kernels' tests on CUDA, then bench.engine.skinny_tma (decode projections
-# at ROWS rows, default 64: cuBLAS
-# against TMA skinny GEMMs and the fused gate|up GEMM's 64-row tiles).
-# compare: the CUDA tests that cover it (TESTS, default below) (the kernel, the fast paths, the skinny chooser,
-# PDL's bf16 equality), then bench/h200_compare.sh against the tree unpacked in base/
+# skinny: the skinny kernels' tests on CUDA, then bench.engine.skinny_tma (decode
+# projections at ROWS rows, default 64: cuBLAS against the TMA skinny GEMMs, split-K and
+# stream-K, and the fused gate|up GEMM's 64-row tiles).
+# compare: the CUDA tests that cover it (TESTS, default below: the kernel, the fast paths,
+# the skinny chooser, PDL's bf16 equality), then bench/h200_compare.sh against the tree unpacked in base/
 # (`git archive COMMIT | tar x -C base`, carried): decode at batch 1, 64, 256 and an
 # 8,192-token prefill, ROUNDS times (default 1), MORE arguments to both. Logs and JSON go to $OUT.
 set -uo pipefail

@@ -2,7 +2,8 @@
 
 An engine actor's info and stats cross into the control plane once, decoded
 (``ActorInfo.from_dict``, ``EngineStats.from_dict`` in ``ActorHandle``); everything after
-reads attributes, so a renamed field fails loudly instead of silently showing 0. This
+reads attributes, so a renamed required field fails loudly instead of silently showing 0
+(an unknown one is logged by name, ``actors/api/wire_fields``). This
 scans ``control_plane/`` and ``web/`` for the string-keyed forms: ``x.stats[...]``,
 ``x.stats.get(...)``, ``x.info[...]``, ``x.info.get(...)`` and ``stats[...]`` /
 ``stats.get(...)`` on a plain name.

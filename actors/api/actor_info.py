@@ -3,13 +3,17 @@
 ``EngineActor.start`` answers with a plain dict (it crosses the Dask wire, and an actor
 adopted from an earlier control plane answers with the one it made then). The control
 plane turns it into an ``ActorInfo`` once, in ``ActorHandle``; everything after reads
-attributes, so a field renamed on one side fails loudly here instead of showing 0.
+attributes. A required field the answer lacks is an error naming it; a field only a
+newer actor sends is logged by name and ignored, so a rolling upgrade can start with
+either side (``wire_fields``).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+
+from dynask.actors.api.wire_fields import WireDecoder
 
 
 @dataclass(frozen=True)
@@ -54,18 +58,9 @@ class ActorInfo:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ActorInfo:
-        """Decodes ``EngineActor.start``'s answer; a missing or unknown key is an error
-        that names it (the two sides disagree about the boundary)."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(
-                f"engine actor info has unknown fields {unknown}; known: {sorted(known)}"
-            )
-        try:
-            return cls(**data)
-        except TypeError as exc:  # a required field is missing
-            raise ValueError(f"engine actor info is incomplete: {exc}") from exc
+        """Decodes ``EngineActor.start``'s answer: a missing field is an error that names
+        it, an unknown one (a newer actor's) is logged and ignored (``wire_fields``)."""
+        return _DECODER.decode(data)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -73,3 +68,6 @@ class ActorInfo:
     def with_kv_transfer(self, address: str) -> ActorInfo:
         """This info with the address of the actor's KV transfer listener."""
         return replace(self, kv_transfer_address=address)
+
+
+_DECODER = WireDecoder(ActorInfo, "engine actor info")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
+
+from dynask.actors.api.wire_fields import WireDecoder
 
 _DERIVED = ("prefix_hit_rate", "device_hit_rate", "host_hit_rate", "disk_hit_rate")
 
@@ -88,13 +90,10 @@ class EngineStats:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EngineStats:
-        """Decodes ``to_dict``'s form (the derived rates are recomputed, not read); a
-        missing or unknown counter is an error naming it, never a silent 0."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known - set(_DERIVED))
-        if unknown:
-            raise ValueError(f"engine stats have unknown fields {unknown}")
-        try:
-            return cls(**{k: v for k, v in data.items() if k in known})
-        except TypeError as exc:  # a required counter is missing
-            raise ValueError(f"engine stats are incomplete: {exc}") from exc
+        """Decodes ``to_dict``'s form (the derived rates are recomputed, not read): a
+        missing counter is an error naming it, never a silent 0; an unknown one (a newer
+        actor's) is logged and ignored (``wire_fields``)."""
+        return _DECODER.decode(data)
+
+
+_DECODER = WireDecoder(EngineStats, "engine stats", derived=_DERIVED)

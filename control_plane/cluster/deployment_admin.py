@@ -6,8 +6,9 @@ Design decisions:
   state is reloaded from it, and a reconcile runs in the background (starting an actor
   loads a model; no request waits for that).
 - A deployment is checked before it is stored, beyond ``DeploymentSpec``'s own checks:
-  the model must exist when it is a path, and the engine arguments must be known to the
-  engine, of the right type and in range. ``DeploymentInvalidError`` names the field.
+  the model must exist when it is a path, on this host or on a worker
+  (``actors.models.model_check``), and the engine arguments must be known to the engine,
+  of the right type and in range. ``DeploymentInvalidError`` names the field.
 - Status merges the runtime's live actors with the actor rows the recorder wrote since
   this control plane started (older rows describe processes that are gone).
 """
@@ -16,12 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from dynask.actors.models.model_check import model_problem
 from dynask.actors.runtime.engine_factory import EngineSpec
 from dynask.control_plane.cluster.reconciler import ClusterRuntime
 from dynask.control_plane.cluster.state_sync import stored_deployments
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 DEPLOYABLE_ENGINES = ("torch", "vllm", "mocker", "echo", "openai")
 # out=openai's engine arguments that the admin form asks for in fields of their own.
 OPENAI_ARG_FIELDS = ("kv_events_endpoint", "api_key_env")
-_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+WORKER_CHECK_TIMEOUT_S = 15.0  # asking every worker whether it has a model path
 
 
 class DeploymentInvalidError(ValueError):
@@ -47,28 +47,14 @@ class DeploymentInvalidError(ValueError):
 
 def check_model(model: str) -> None:
     """Raises DeploymentInvalidError unless ``model`` is empty (the bundled model), an
-    existing HF folder or ``.gguf`` file, or a hub id ``org/name``."""
-    if model in ("", BUNDLED_MODEL):
-        return
-    path = Path(model).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise DeploymentInvalidError(
-                "model", f"the folder '{model}' has no config.json; it is not an HF model folder"
-            )
-        return
-    if path.is_file():
-        if path.suffix != ".gguf":
-            raise DeploymentInvalidError(
-                "model", f"the file '{model}' is not a .gguf file; pass a .gguf file or a folder"
-            )
-        return
-    if model.startswith((".", "/", "~")) or model.endswith(".gguf") or not _HUB_ID.fullmatch(model):
-        raise DeploymentInvalidError(
-            "model",
-            f"'{model}' is neither an existing folder or .gguf file nor a hub id such as "
-            "'HuggingFaceTB/SmolLM2-135M-Instruct'",
-        )
+    HF folder or ``.gguf`` file on this host, or a hub id ``org/name``."""
+    problem = _problem_here(model)
+    if problem is not None:
+        raise DeploymentInvalidError("model", problem)
+
+
+def _problem_here(model: str) -> str | None:
+    return None if model == BUNDLED_MODEL else model_problem(model)
 
 
 def check_engine_args(
@@ -112,11 +98,32 @@ class DeploymentAdmin:
         self._background: set[asyncio.Task[None]] = set()
 
     async def create(self, spec: DeploymentSpec, who: str) -> Deployment:
-        check_model(spec.model)
+        await self.check_model_on_cluster(spec.model)
         check_engine_args(spec.engine, spec.model, spec.engine_args, spec.engine_file)
         created = await asyncio.to_thread(self.repo.create_deployment, spec, who)
         await self.apply()
         return created
+
+    async def check_model_on_cluster(self, model: str) -> None:
+        """``check_model``, but a path missing here is asked of every worker (where the
+        engine will read it): one that has it is enough."""
+        problem = _problem_here(model)
+        client = self.runtime.client
+        if problem is None:
+            return
+        if client is None:  # not started yet: this host is all there is to ask
+            raise DeploymentInvalidError("model", problem)
+        try:
+            answers: dict[str, str | None] = await asyncio.wait_for(
+                client.run(model_problem, model), WORKER_CHECK_TIMEOUT_S
+            )
+        except Exception as exc:  # a worker that cannot answer: refuse, saying why
+            raise DeploymentInvalidError(
+                "model", f"{problem} on this host, and the workers could not be asked: {exc!r}"
+            ) from exc
+        if any(answer is None for answer in answers.values()):
+            return
+        raise DeploymentInvalidError("model", _nowhere(problem, answers))
 
     async def scale(self, name: str, replicas: int, who: str) -> Deployment:
         scaled = await asyncio.to_thread(self.repo.scale_deployment, name, replicas, who)
@@ -156,6 +163,18 @@ class DeploymentAdmin:
             if actor.updated_at >= self.started_at:
                 rows.setdefault(actor.deployment_name, []).append(actor)
         return self.repo.list_deployments(), rows
+
+
+def _nowhere(problem: str, answers: dict[str, str | None]) -> str:
+    """The message for a model path no host can load: this host's problem, and the
+    workers' where they differ from it."""
+    if not answers:
+        return f"{problem} (on this host; the cluster has no worker to ask)"
+    others = sorted({(answer, worker) for worker, answer in answers.items() if answer != problem})
+    if not others:
+        workers = "its worker" if len(answers) == 1 else f"all {len(answers)} workers"
+        return f"{problem} (on this host and on {workers})"
+    return f"{problem} on this host; " + "; ".join(f"on {w}: {a}" for a, w in others[:3])
 
 
 def _status(

@@ -32,15 +32,16 @@ class DaskProcesses:
         self.scheduler = sp.start([str(sp.BIN / "dask"), *argv], self.folder / "scheduler.log")
         return self.address
 
-    def start_worker(self, name: str) -> str:
-        """Starts a worker process (one thread, no nanny); returns its address."""
+    def start_worker(self, name: str, extra_env: dict[str, str] | None = None) -> str:
+        """Starts a worker process (one thread, no nanny) with ``extra_env`` added to its
+        environment; returns its address."""
         port = sp.free_port()
         argv = [
             *("worker", self.address, "--name", name, "--nthreads", "1", "--no-dashboard"),
             *("--memory-limit", "0", "--no-nanny", "--host", "127.0.0.1"),
             *("--worker-port", str(port)),
         ]
-        proc = sp.start([str(sp.BIN / "dask"), *argv], self.folder / f"{name}.log")
+        proc = sp.start([str(sp.BIN / "dask"), *argv], self.folder / f"{name}.log", extra_env)
         address = f"tcp://127.0.0.1:{port}"
         self.workers[address] = proc
         return address

@@ -76,3 +76,16 @@ def test_changes_reach_the_runtime_and_the_log(repo: Repository) -> None:
         "deployment.scaled",
         "deployment.created",
     ]
+
+
+def test_a_path_no_worker_can_load_says_what_each_found() -> None:
+    from dynask.control_plane.cluster.deployment_admin import _nowhere
+
+    missing = "'/m' is neither an existing folder"
+    assert _nowhere(missing, {}) == f"{missing} (on this host; the cluster has no worker to ask)"
+    assert (
+        _nowhere(missing, {"tcp://a:1": missing}) == f"{missing} (on this host and on its worker)"
+    )
+    assert _nowhere(
+        missing, {"tcp://b:2": "the folder '/m' has no config.json", "tcp://a:1": missing}
+    ) == (f"{missing} on this host; on tcp://b:2: the folder '/m' has no config.json")

@@ -38,7 +38,8 @@ def test_a_newer_actor_is_served_and_stays_alive(
     smollm2_folder: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     spec = EngineSpec(kind="mocker", model=str(smollm2_folder), engine_args=FAST_MOCKER)
-    options = ReliabilityOptions(heartbeat_interval_s=0.05, heartbeat_timeout_s=0.5)
+    # A timeout a loaded machine's pings meet; the requests span more than it.
+    options = ReliabilityOptions(heartbeat_interval_s=0.1, heartbeat_timeout_s=2.0)
 
     async def main() -> None:
         async with (
@@ -62,7 +63,7 @@ def test_a_newer_actor_is_served_and_stays_alive(
                     )
                     assert completion.usage is not None
                     answers.append(completion.usage.completion_tokens)
-                    await asyncio.sleep(0.5)  # a heartbeat timeout between requests
+                    await asyncio.sleep(1.0)  # 3 s in all: longer than the timeout
                 handle = stack.handle("mock-0")
                 stats = await handle.refresh_stats()
                 health.stop()

@@ -1,0 +1,112 @@
+"""A model path that exists only on a worker, added from the admin UI of ``dynask serve``.
+
+On a cluster the models live on the GPU hosts, not on the control plane's. A real ``dask
+scheduler`` and two ``dask worker`` processes: the first holds the deploy file's
+deployment; the second, started after it, runs with a HOME of its own that holds
+``~/models/smol`` (a copy of the bundled model's folder), which neither the control
+plane's host nor the first worker has. The admin form takes that path (it is asked of
+the workers), the deployment's actor loads it on the second worker and serves the
+``openai`` client; a path no host has is refused, naming where it was looked for.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from distributed import Client
+
+from tests.control_plane import server_process as sp
+from tests.control_plane.dask_processes import DaskProcesses, dask_cluster  # noqa: F401
+from tests.web.admin_stack import log_in
+
+pytestmark = pytest.mark.slow
+
+PASSWORD = "worker-model-paths"
+WORKER_MODEL = "~/models/smol"
+DEPLOY = "deployments:\n  - name: first\n    engine: echo\n    model: {model}\n    replicas: 1\n"
+
+
+def _field_errors(page: str) -> dict[str, str]:
+    found = re.findall(r'<div class="field-error" id="error-(\w+)">([^<]*)</div>', page)
+    return {name: html.unescape(message) for name, message in found}
+
+
+def _create(admin: httpx.Client, csrf: str, name: str, model: str) -> httpx.Response:
+    form = {
+        "name": name,
+        "model": model,
+        "engine": "mocker",
+        "role": "aggregated",
+        "replicas": "1",
+        "engine_args": '{"speedup_ratio": 0}',
+        "csrf_token": csrf,
+    }
+    return admin.post("/admin/deployments", data=form)
+
+
+def _engines(base: str) -> list[dict[str, Any]]:
+    engines: list[dict[str, Any]] = httpx.get(f"{base}/v1/engines", timeout=30).json()
+    return engines
+
+
+def _ready_workers(base: str, deployment: str) -> dict[str, str]:
+    """The ready actors of ``deployment`` (/v1/engines lists only those): name -> worker."""
+    return {e["name"]: e["worker"] for e in _engines(base) if e["deployment"] == deployment}
+
+
+def test_a_path_only_a_worker_has_is_deployed_there(
+    dask_cluster: DaskProcesses,  # noqa: F811
+    tmp_path: Path,
+    smollm2_folder: Path,
+) -> None:
+    worker_home = tmp_path / "worker-home"
+    shutil.copytree(smollm2_folder, worker_home / "models" / "smol")
+    assert not Path(WORKER_MODEL).expanduser().exists()  # not on this host
+    dask_cluster.start_worker("plain")
+    (tmp_path / "deploy.yaml").write_text(DEPLOY.format(model=smollm2_folder))
+    port = sp.free_port()
+    base = f"http://127.0.0.1:{port}"
+    argv = [str(sp.BIN / "dynask"), "serve", "--scheduler", dask_cluster.address]
+    argv += ["--port", str(port), "--no-require-api-key", "-f", str(tmp_path / "deploy.yaml")]
+    argv += ["--database-url", f"sqlite:///{tmp_path / 'state.db'}"]
+    log = tmp_path / "serve.log"
+    proc = sp.start(argv, log, {"DYNASK_ADMIN_PASSWORD": PASSWORD})
+    try:
+        sp.wait_healthy(base, proc, log)  # ``first`` holds the plain worker
+        with_model = dask_cluster.start_worker("with-model", {"HOME": str(worker_home)})
+        with Client(dask_cluster.address, timeout=60) as dask:
+            dask.wait_for_workers(2, timeout=60)
+        with httpx.Client(base_url=base, timeout=60, follow_redirects=False) as admin:
+            csrf = log_in(admin, PASSWORD)
+
+            missing = _create(admin, csrf, "nowhere", "~/models/none")
+            created = _create(admin, csrf, "smol", WORKER_MODEL)
+
+            assert missing.status_code == 400
+            assert _field_errors(missing.text) == {
+                "model": "'~/models/none' is neither an existing folder or .gguf file nor a "
+                "hub id such as 'HuggingFaceTB/SmolLM2-135M-Instruct' (on this host and on "
+                "all 2 workers)"
+            }
+            assert created.status_code == 303, _field_errors(created.text)
+        deadline = time.monotonic() + 120
+        while not _ready_workers(base, "smol") and time.monotonic() < deadline:
+            time.sleep(0.25)
+        placed = _ready_workers(base, "smol")
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+        completion = client.completions.create(
+            model="smol", prompt="The sky is", max_tokens=5, extra_body={"ignore_eos": True}
+        )
+
+        assert placed == {"smol-0": with_model}
+        assert completion.usage is not None and completion.usage.completion_tokens == 5
+    finally:
+        sp.stop(proc)

@@ -211,6 +211,8 @@ class EngineActor(KVTransferMethods):
             self._engine.abort(request_id)
             self._open.discard(request_id)
             self._owners.pop(request_id, None)
+        if self._stream is not None:
+            self._stream.forget_routed(unread)
 
     def _engine_lost(self, reason: str) -> None:
         """Engine thread: the engine's server is gone. The token stream closes, as when a

@@ -31,7 +31,10 @@ reader gets ``{"i": request id, "o": owner, "n": prompt tokens, "r": note}`` in 
 per submission call, written on the actor's loop before any delta of the request can
 be. The request's first delta (its prefill is over) and its final one (it ended, an
 abort included) are the ``"out"`` frames every reader already gets: nothing more is
-sent per token. With one reader (its owner) nothing is sent at all.
+sent per token. With one reader (its owner) nothing is sent at all. The actor keeps the
+records of the requests still in flight (``RoutedInFlight``), each with ``"g"``, the tokens
+it has produced so far, and a reader that connects is sent them as its first frame: a
+control plane that joins later counts what its peers routed before it came.
 
 Kind ``"prefill"`` carries ``{request id: prompt tokens still to compute}`` after an
 engine step that advanced long prompts' chunked prefill without finishing it
@@ -53,6 +56,7 @@ from typing import Any, NamedTuple
 import msgpack
 
 from dynask.actors.api.outputs import FinishReason, RequestOutput, TokenLogprob, Usage
+from dynask.actors.runtime.routed_in_flight import RoutedInFlight
 from dynask.kv.events import KVEventLog
 from dynask.kv.prefix_index import KVCacheDump
 
@@ -246,6 +250,7 @@ class TokenStreamServer:
         self._writers: set[asyncio.StreamWriter] = set()
         self._server: asyncio.Server | None = None
         self._kv_log: KVEventLog | None = None
+        self._routed = RoutedInFlight()  # for the readers that connect later
         self._closing: concurrent.futures.Future[None] | None = None
 
     async def start(self, host: str) -> str:
@@ -255,6 +260,8 @@ class TokenStreamServer:
         return f"{host}:{port}"
 
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._routed:  # what the other readers routed here and is still in flight
+            writer.write(encode_frame(KIND_ROUTED, self._routed.records()))
         self._writers.add(writer)
         name: str | None = None
         try:  # a reader sends at most its hello; EOF (or a broken frame) means it left
@@ -272,7 +279,11 @@ class TokenStreamServer:
     def publish(self, outputs: list[RequestOutput]) -> None:
         """Engine-thread entry point: one frame for the whole step."""
         frame = encode_frame(KIND_OUTPUTS, [encode_output(o) for o in outputs])
-        self._loop.call_soon_threadsafe(self._write, frame)
+        self._loop.call_soon_threadsafe(self._write_outputs, frame, outputs)
+
+    def _write_outputs(self, frame: bytes, outputs: list[RequestOutput]) -> None:
+        self._routed.advance(outputs)
+        self._write(frame)
 
     def publish_prefill(self, progress: dict[str, int]) -> None:
         """Engine-thread entry point: one ``"prefill"`` frame for a step's progress."""
@@ -281,9 +292,15 @@ class TokenStreamServer:
 
     def publish_routed(self, records: list[dict[str, Any]]) -> None:
         """Event-loop entry point: one ``"routed"`` frame for the requests one submission
-        call queued (``routed_record``), when a reader other than their owner may hear it."""
+        call queued (``routed_record``), when a reader other than their owner may hear it;
+        kept until they finish, for the readers that connect meanwhile."""
+        self._routed.add(records)
         if records and len(self._writers) > 1:
             self._write(encode_frame(KIND_ROUTED, records))
+
+    def forget_routed(self, request_ids: list[str]) -> None:
+        """Event-loop entry point: requests dropped with no reader left to hear their end."""
+        self._routed.forget(request_ids)
 
     def watch_kv_events(self, kv_log: KVEventLog) -> None:
         """Pushes ``kv_log``'s records to every reader, a frame per batch (see the module

@@ -391,7 +391,8 @@ class ModelRouting:
         """Another control plane routed a request to ``actor``: its handle counts the load;
         its blocks are noted here as its router noted them (same block size only)."""
         note = routing.note
-        self._peer_lag_seconds.observe(max(0.0, time.time() - note.decided_at))
+        if routing.generated_tokens is None:  # heard as routed, not caught up on connecting
+            self._peer_lag_seconds.observe(max(0.0, time.time() - note.decided_at))
         if note.block_size == (self.block_size or DEFAULT_BLOCK_SIZE):
             self._note_routed(note.mode, actor, note.local_hashes)
 

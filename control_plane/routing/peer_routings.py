@@ -17,7 +17,12 @@ Design decisions:
   handle moves it in ``peer_load`` as it moves its own (``ActorHandle``).
 - A control plane hears its own requests too and skips them by owner (the reader id it
   named in its hello); it also ignores a note whose blocks are of another block size.
-- What is not shared: requests routed before this control plane connected, and remote
+- A control plane that connects later (started after the others, or restarted) is sent
+  the records of the requests still in flight on the actor as the stream's first frame,
+  each with the tokens it has produced so far (``actors.runtime.routed_in_flight``): it
+  counts them as waiting for prefill or as decoding, as their router does.
+- What is not shared: the approximate index's blocks of requests that ended before a
+  control plane connected (the exact index takes them from the actor's dump), and remote
   prefills of disaggregated requests (their prefill actors' load stays per control plane).
 - The stale window: a peer's routing reaches here after its submission call to the actor
   and one stream frame back (on one host about a millisecond, measured by the
@@ -80,16 +85,23 @@ class PeerRouting:
     owner: str | None  # the reader id of the control plane that routed it
     prompt_tokens: int
     note: RoutingNote
+    # Set for a request that was in flight when this control plane connected (the stream's
+    # first frame): the tokens it had produced by then. None for one heard as it was routed.
+    generated_tokens: int | None = None
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> PeerRouting:
         """Raises ``KeyError``, ``TypeError`` or ``ValueError`` on a malformed record."""
         owner = record["o"]
+        generated = None if record.get("g") is None else int(record["g"])
+        if generated is not None and generated < 0:
+            raise ValueError(f"negative generated tokens {generated}")
         return cls(
             request_id=str(record["i"]),
             owner=None if owner is None else str(owner),
             prompt_tokens=int(record["n"]),
             note=RoutingNote.from_wire(record["r"]),
+            generated_tokens=generated,
         )
 
 

@@ -111,7 +111,10 @@ class ActorHandle:
 
     async def connect(self) -> None:
         """Opens the token stream and names this reader (``token_stream``'s hello): if this
-        control plane dies, the actor aborts the requests it submitted at once."""
+        control plane dies, the actor aborts the requests it submitted at once. The first
+        frame may be the routings other control planes made there and that are still in
+        flight: give the handle its ``peer_listener`` (``ModelRouting.add_actor``) before
+        awaiting anything else, or they go unheard."""
         host, port = self.info.stream_address.rsplit(":", 1)
         reader, self._writer = await asyncio.open_connection(host, int(port))
         self._writer.write(encode_frame(KIND_HELLO, {"reader": self.reader_id}))
@@ -176,6 +179,8 @@ class ActorHandle:
             self.peer_load.admit(
                 routing.request_id, routing.prompt_tokens, routing.note.cached_tokens
             )
+            if routing.generated_tokens:  # decoding before this control plane connected
+                self.peer_load.advance(routing.request_id, routing.generated_tokens)
             self.peer_listener(routing)
 
     def declare_lost(self, kind: str, detail: str) -> None:

@@ -10,7 +10,9 @@ Each request is sent once the previous one's routing has reached the other contr
 plane (``peer_load``). The one control plane is ``replica_script``'s, over handles of
 actors that cannot have answered yet (as the stalled ones have not); the decisions are
 compared with the actors named by the order they first won (idle, empty actors are
-alike: which one a tie picked does not matter).
+alike: which one a tie picked does not matter). A second control plane that connects
+after the first has routed hears those requests from the actors as it connects, and its
+next decision is the one router's.
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ from pathlib import Path
 
 import pytest
 
+from dynask.actors.api.actor_info import ActorInfo
 from dynask.control_plane.routing.kv_router import RoutingDecision
-from dynask.control_plane.routing.model_routing import RoutingOptions
+from dynask.control_plane.routing.model_routing import ModelRouting, RoutingOptions
+from dynask.control_plane.serving.actor_handle import ActorHandle
+from dynask.control_plane.serving.metrics import ServingMetrics
 from tests.control_plane.routing.replica_script import (
     ROUTED_PROMPTS,
     ControlPlane,
@@ -52,12 +57,14 @@ async def _stream(stack: Stack, prompt: list[int]) -> None:
 
 
 async def _route_in_turn(
-    planes: Sequence[Stack], tasks: list[asyncio.Task[None]]
+    planes: Sequence[Stack],
+    tasks: list[asyncio.Task[None]],
+    prompts: Sequence[list[int]] = ROUTED_PROMPTS,
 ) -> list[RoutingDecision]:
-    """Sends ``ROUTED_PROMPTS`` to ``planes`` in turn, each once the previous routing is known
-    to every plane; their decisions in order."""
+    """Sends ``prompts`` to ``planes`` in turn, each once the previous routing is known to
+    every plane; their decisions in order."""
     decisions = []
-    for number, prompt in enumerate(ROUTED_PROMPTS):
+    for number, prompt in enumerate(prompts):
         plane = planes[number % len(planes)]
         log = plane.routing.decisions
         before = len(log)
@@ -106,5 +113,70 @@ def test_two_control_planes_on_the_same_actors_decide_as_one(smollm2_folder: Pat
             for task in tasks:
                 task.cancel()  # the clients go away: the actors abort the requests
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    asyncio.run(main())
+
+
+EARLY = 3  # requests the first control plane routes before the second one connects
+
+
+async def _followers(
+    proxies: Sequence[object], metrics: ServingMetrics
+) -> tuple[ModelRouting, list[ActorHandle]]:
+    """A second control plane's routing over its own connected handles of the actors,
+    following their routed frames. Not a whole ``serving_stack``: that waits for each
+    actor's KV dump, which a stalled engine answers only after its stall."""
+    routing = ModelRouting(MODEL, RoutingOptions(), metrics)
+    handles = []
+    for proxy in proxies:
+        info = ActorInfo.from_dict(await proxy.start())  # type: ignore[attr-defined]
+        handle = ActorHandle(name=info.name, deployment="d", proxy=proxy, info=info)
+        await handle.connect()
+        routing.follow_peers(handle)  # before the first frame is read (ActorHandle.connect)
+        handles.append(handle)
+    return routing, handles
+
+
+@pytest.mark.slow  # as the test above
+def test_a_control_plane_that_connects_later_counts_what_was_routed_before(
+    smollm2_folder: Path,
+) -> None:
+    async def main() -> None:
+        async with (
+            cluster_with_actors(smollm2_folder, len(ACTORS), engine_args=STALLED) as proxies,
+            serving_stack(proxies) as first,
+        ):
+            tasks: list[asyncio.Task[None]] = []
+            started = time.monotonic()
+            decisions = await _route_in_turn([first], tasks, ROUTED_PROMPTS[:EARLY])
+            metrics = ServingMetrics()
+            routing, handles = await _followers(proxies, metrics)
+            try:
+                # The actors' first frame to it: the requests in flight, all still waiting.
+                by_name = {handle.name: handle for handle in handles}
+                for decision in decisions:
+                    seen = by_name[decision.winner].peer_load
+                    await until(lambda: decision.request_id in seen, "the catch-up")  # noqa: B023
+                assert sum(handle.peer_load.waiting for handle in handles) == EARLY
+                for handle in first.handles:
+                    assert (
+                        by_name[handle.name].peer_load.prefill_blocks == handle.load.prefill_blocks
+                    )
+                # Its next decision is the one a single router makes after those three.
+                route = routing.choose("late-0", ROUTED_PROMPTS[EARLY], handles)
+                assert time.monotonic() - started < STALL_MS / 1000, "outlasted the stall"
+                one = _one_router()[: EARLY + 1]
+                assert canonical([*decisions, route.decision]) == canonical(one)
+                # Caught-up routings are not timed as a peer's lag (they are old by design).
+                timed = metrics.registry.get_sample_value(
+                    "dynask_routing_peer_lag_seconds_count", {"model": MODEL}
+                )
+                assert timed == 0.0
+            finally:
+                for handle in handles:
+                    await handle.close()
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
 
     asyncio.run(main())

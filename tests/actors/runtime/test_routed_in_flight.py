@@ -1,0 +1,98 @@
+"""A reader that connects to an actor's token stream after others is first sent the
+routed requests still in flight there, with the tokens each has produced (real sockets,
+the engine's hop from another thread); requests that ended, or were dropped with their
+owner, are not sent."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from dynask.actors.api.outputs import FinishReason, RequestOutput
+from dynask.actors.runtime.routed_in_flight import RoutedInFlight
+from dynask.actors.runtime.token_stream import (
+    KIND_OUTPUTS,
+    KIND_ROUTED,
+    TokenStreamServer,
+    read_frame,
+)
+from dynask.control_plane.routing.peer_routings import RoutingNote, read_peer_routings
+
+NOTE = RoutingNote(16, (11, 12), 16, "kv", 1700000000.5).to_wire()
+
+
+def _record(request_id: str, owner: str, prompt_tokens: int) -> dict[str, Any]:
+    return {"i": request_id, "o": owner, "n": prompt_tokens, "r": NOTE}
+
+
+def test_records_count_tokens_and_leave_when_their_request_ends() -> None:
+    routed = RoutedInFlight()
+    routed.add([_record("a", "cp-1", 40), _record("b", "cp-1", 20), _record("c", "cp-2", 8)])
+    routed.advance(
+        [
+            RequestOutput("a", "x", (1,)),
+            RequestOutput("b", "", (), FinishReason.ABORT),
+            RequestOutput("unrouted", "y", (5, 6)),
+        ]
+    )
+    routed.advance([RequestOutput("a", "yz", (2, 3))])
+    routed.forget(["c", "never-seen"])
+
+    [record] = routed.records()
+    assert record == {"i": "a", "o": "cp-1", "n": 40, "r": NOTE, "g": 3}
+    record["g"] = 99  # a copy: what was sent does not change what is kept
+    assert routed.records()[0]["g"] == 3 and len(routed) == 1
+
+
+def test_a_reader_that_connects_later_hears_what_is_in_flight_first() -> None:
+    async def main() -> None:
+        server = TokenStreamServer(asyncio.get_running_loop())
+        host, port = (await server.start("127.0.0.1")).rsplit(":", 1)
+
+        async def connect() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+            readers = server.num_readers
+            connection = await asyncio.open_connection(host, int(port))
+            while server.num_readers == readers:
+                await asyncio.sleep(0.001)
+            return connection
+
+        first, first_writer = await connect()
+        server.publish_routed([_record("r1", "cp-1", 64), _record("r2", "cp-1", 32)])
+
+        def engine_step() -> None:  # on another thread, as the engine's loop runs
+            server.publish([RequestOutput("r1", "ab", (4, 5)), RequestOutput("r2", "", (9,))])
+            server.publish([RequestOutput("r2", "c", (6,), FinishReason.LENGTH)])
+
+        await asyncio.to_thread(engine_step)
+        for _ in range(2):  # the first reader got both steps (it is the owner: no "routed")
+            kind, _ = await read_frame(first)
+            assert kind == KIND_OUTPUTS
+
+        late, late_writer = await connect()
+        kind, payload = await read_frame(late)
+        assert kind == KIND_ROUTED
+        [routing] = read_peer_routings(payload)
+        assert (routing.request_id, routing.owner, routing.prompt_tokens) == ("r1", "cp-1", 64)
+        assert routing.generated_tokens == 2
+        assert routing.note == RoutingNote.from_wire(NOTE)
+
+        await asyncio.to_thread(server.publish, [RequestOutput("r1", "", (), FinishReason.STOP)])
+        kind, outputs = await read_frame(late)
+        assert kind == KIND_OUTPUTS and [o["i"] for o in outputs] == ["r1"]
+        # Nothing is in flight now: a third reader's first frame is the next step's deltas.
+        third, third_writer = await connect()
+        await asyncio.to_thread(server.publish, [RequestOutput("r3", "z", (1,))])
+        kind, _ = await read_frame(third)
+        assert kind == KIND_OUTPUTS
+
+        for writer in (first_writer, late_writer, third_writer):
+            writer.close()
+            await writer.wait_closed()
+        await server.close()
+
+    asyncio.run(main())
+
+
+def test_a_routing_heard_as_it_was_made_carries_no_generated_tokens() -> None:
+    [routing] = read_peer_routings([_record("r1", "cp-1", 64)])
+    assert routing.generated_tokens is None

@@ -21,11 +21,23 @@ from pathlib import Path
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
-def _is_model_path(model: str) -> bool:
-    """Whether ``model``, which exists on no path here, names a path (not a hub id)."""
+def names_a_path(model: str) -> bool:
+    """Whether ``model``, which exists on no path here, names a path rather than a hub id
+    (``owner/name`` of letters, digits, ``.``, ``_`` and ``-``). ``model_source`` reads
+    an argument the same way."""
     return (
         model.startswith((".", "/", "~")) or model.endswith(".gguf") or not _HUB_ID.fullmatch(model)
     )
+
+
+def folder_problem(folder: Path) -> str | None:
+    """What keeps an existing folder from being an HF model folder the engines read
+    (config.json and *.safetensors weights), or None."""
+    if not (folder / "config.json").is_file():
+        return "has no config.json; it is not an HF model folder"
+    if not any(folder.glob("*.safetensors")):
+        return "has no *.safetensors weights (other formats are not read)"
+    return None
 
 
 def model_problem(model: str) -> str | None:
@@ -36,14 +48,13 @@ def model_problem(model: str) -> str | None:
         return None
     path = Path(model).expanduser()
     if path.is_dir():
-        if not (path / "config.json").is_file():
-            return f"the folder '{model}' has no config.json; it is not an HF model folder"
-        return None
+        problem = folder_problem(path)
+        return None if problem is None else f"the folder '{model}' {problem}"
     if path.is_file():
         if path.suffix != ".gguf":
             return f"the file '{model}' is not a .gguf file; pass a .gguf file or a folder"
         return None
-    if _is_model_path(model):
+    if names_a_path(model):
         return (
             f"'{model}' is neither an existing folder or .gguf file nor a hub id such as "
             "'HuggingFaceTB/SmolLM2-135M-Instruct'"

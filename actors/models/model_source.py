@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dynask.actors.models.gguf_conversion import write_hf_folder
+from dynask.actors.models.model_check import folder_problem, names_a_path
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ def resolve_model(model: str | os.PathLike[str] | None) -> ModelSource:
                 "HF folder (config.json + *.safetensors)"
             )
         return ModelSource(convert_gguf(path), str(model))
-    if _looks_like_path(str(model)):
+    if names_a_path(str(model)):
         raise ModelNotFoundError(
             f"model path '{model}' does not exist; pass an existing HF folder, a .gguf file, "
             "or a hub id such as 'HuggingFaceTB/SmolLM2-135M-Instruct'"
@@ -75,17 +76,10 @@ def resolve_model(model: str | os.PathLike[str] | None) -> ModelSource:
     return ModelSource(_download_from_hub(str(model)), str(model))
 
 
-def _looks_like_path(text: str) -> bool:
-    return text.startswith((".", "/", "~")) or text.endswith(".gguf") or text.count("/") != 1
-
-
 def _check_hf_folder(path: Path) -> None:
-    if not (path / "config.json").is_file():
-        raise ModelNotFoundError(f"model folder '{path}' has no config.json; it is not an HF model")
-    if not any(path.glob("*.safetensors")):
-        raise ModelNotFoundError(
-            f"model folder '{path}' has no *.safetensors weights (other formats are not read)"
-        )
+    problem = folder_problem(path)
+    if problem is not None:
+        raise ModelNotFoundError(f"model folder '{path}' {problem}")
 
 
 def _download_from_hub(repo_id: str) -> Path:

@@ -128,9 +128,12 @@ async def cluster_with_actors(
     engine: str = "mocker",
     engine_args: dict[str, Any] | None = None,
     worker_plugins: Sequence[Any] = (),
+    actor_class: type[EngineActor] = EngineActor,
 ) -> AsyncIterator[list[Any]]:
     """An in-process cluster with ``count`` started actors (``mock-0`` ...); their proxies.
-    ``worker_plugins`` are registered before the actors start (tracing's)."""
+    ``worker_plugins`` are registered before the actors start (tracing's); ``actor_class``
+    is a subclass to run instead (a newer release's actor). Inside, the cluster's client
+    is ``distributed.default_client()``."""
     args = FAST_MOCKER if engine_args is None and engine == "mocker" else engine_args or {}
     spec = EngineSpec(kind=engine, model=str(model_folder), engine_args=args)
     async with (
@@ -142,7 +145,7 @@ async def cluster_with_actors(
         for plugin in worker_plugins:
             await client.register_plugin(plugin)
         proxies = [
-            await client.submit(EngineActor, spec, f"mock-{i}", actor=True, pure=False)
+            await client.submit(actor_class, spec, f"mock-{i}", actor=True, pure=False)
             for i in range(count)
         ]
         try:

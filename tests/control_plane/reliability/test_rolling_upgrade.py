@@ -12,13 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from distributed import Client, LocalCluster
+from distributed import default_client
 
 from dynask.actors.runtime.engine_actor import EngineActor
-from dynask.actors.runtime.engine_factory import EngineSpec
 from dynask.control_plane.reliability.actor_health import ActorHealth
 from dynask.control_plane.reliability.options import ReliabilityOptions
-from tests.control_plane.routing_stack import FAST_MOCKER, MODEL, serving_stack, tokens
+from tests.control_plane.routing_stack import MODEL, cluster_with_actors, serving_stack, tokens
 
 pytestmark = pytest.mark.slow
 
@@ -37,19 +36,13 @@ class NewerEngineActor(EngineActor):
 def test_a_newer_actor_is_served_and_stays_alive(
     smollm2_folder: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    spec = EngineSpec(kind="mocker", model=str(smollm2_folder), engine_args=FAST_MOCKER)
     # A timeout a loaded machine's pings meet; the requests span more than it.
     options = ReliabilityOptions(heartbeat_interval_s=0.1, heartbeat_timeout_s=2.0)
 
     async def main() -> None:
-        async with (
-            LocalCluster(
-                n_workers=1, processes=False, asynchronous=True, dashboard_address=None
-            ) as cluster,
-            Client(cluster, asynchronous=True, direct_to_workers=True) as client,
-        ):
-            proxy = await client.submit(NewerEngineActor, spec, "mock-0", actor=True, pure=False)
-            async with serving_stack([proxy], reliability=options) as stack:
+        async with cluster_with_actors(smollm2_folder, 1, actor_class=NewerEngineActor) as proxies:
+            client = default_client()
+            async with serving_stack(proxies, reliability=options) as stack:
                 health = ActorHealth(client, options, lambda: stack.handles, lambda: None)
                 health.start()
                 answers = []
@@ -72,7 +65,6 @@ def test_a_newer_actor_is_served_and_stays_alive(
                 assert not handle.broken, handle.lost_reason
                 assert stats.generated_tokens == 24
                 assert handle.info.engine == "mocker"
-            await proxy.stop()
 
     with caplog.at_level(logging.WARNING, logger="dynask.actors.api.wire_fields"):
         asyncio.run(main())

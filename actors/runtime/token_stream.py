@@ -32,9 +32,11 @@ per submission call, written on the actor's loop before any delta of the request
 be. The request's first delta (its prefill is over) and its final one (it ended, an
 abort included) are the ``"out"`` frames every reader already gets: nothing more is
 sent per token. With one reader (its owner) nothing is sent at all. The actor keeps the
-records of the requests still in flight (``RoutedInFlight``), each with ``"g"``, the tokens
+records of the requests still in flight (``RoutedRequests``), each with ``"g"``, the tokens
 it has produced so far, and a reader that connects is sent them as its first frame: a
-control plane that joins later counts what its peers routed before it came.
+control plane that joins later counts what its peers routed before it came. An actor
+without KV events sends the recently ended ones too (``"e"``), for the joiner's
+approximate index.
 
 Kind ``"prefill"`` carries ``{request id: prompt tokens still to compute}`` after an
 engine step that advanced long prompts' chunked prefill without finishing it
@@ -56,7 +58,7 @@ from typing import Any, NamedTuple
 import msgpack
 
 from dynask.actors.api.outputs import FinishReason, RequestOutput, TokenLogprob, Usage
-from dynask.actors.runtime.routed_in_flight import RoutedInFlight
+from dynask.actors.runtime.routed_requests import RoutedRequests
 from dynask.kv.events import KVEventLog
 from dynask.kv.prefix_index import KVCacheDump
 
@@ -250,7 +252,8 @@ class TokenStreamServer:
         self._writers: set[asyncio.StreamWriter] = set()
         self._server: asyncio.Server | None = None
         self._kv_log: KVEventLog | None = None
-        self._routed = RoutedInFlight()  # for the readers that connect later
+        # For the readers that connect later; the ended ones only without KV events.
+        self._routed = RoutedRequests(keep_ended=True)
         self._closing: concurrent.futures.Future[None] | None = None
 
     async def start(self, host: str) -> str:
@@ -307,6 +310,7 @@ class TokenStreamServer:
         docstring). Records are drained even with no reader: a later one takes a dump."""
         self._kv_log = kv_log
         kv_log.set_listener(self._kv_events_pending)
+        self._routed.keep_ended = False  # a later reader reads the cache from a dump
 
     def _kv_events_pending(self) -> None:
         """Engine-thread side: one hop to the loop per batch of events."""

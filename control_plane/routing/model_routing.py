@@ -375,13 +375,16 @@ class ModelRouting:
             )
         return Route(winner, decision, overlap * size, note)
 
-    def _note_routed(self, mode: str, actor: str, hashes: Sequence[int]) -> None:
+    def _note_routed(
+        self, mode: str, actor: str, hashes: Sequence[int], at: float | None = None
+    ) -> None:
         """Where a routed prompt's blocks are assumed held until its KV events come (or,
-        without events, for the approximate index's TTL)."""
+        without events, for the approximate index's TTL); ``at``: when (monotonic) it was
+        routed, if not now."""
         if mode == APPROXIMATE_MODE or actor in self._approx_actors:
-            self.approx.note_routed(actor, hashes)
+            self.approx.note_routed(actor, hashes, now=at)
         elif mode == KV_MODE and self.predicted is not None:
-            self.predicted.note_routed(actor, hashes)
+            self.predicted.note_routed(actor, hashes, now=at)
 
     def _forget_predicted(self, actor: str, local_hashes: list[int]) -> None:
         if self.predicted is not None:
@@ -391,10 +394,20 @@ class ModelRouting:
         """Another control plane routed a request to ``actor``: its handle counts the load;
         its blocks are noted here as its router noted them (same block size only)."""
         note = routing.note
-        if routing.generated_tokens is None:  # heard as routed, not caught up on connecting
+        caught_up = routing.generated_tokens is not None  # on connecting, not as routed
+        if not caught_up:
             self._peer_lag_seconds.observe(max(0.0, time.time() - note.decided_at))
-        if note.block_size == (self.block_size or DEFAULT_BLOCK_SIZE):
+        if note.block_size != (self.block_size or DEFAULT_BLOCK_SIZE):
+            return
+        if not caught_up:
             self._note_routed(note.mode, actor, note.local_hashes)
+            return
+        # Caught up on connecting: routed a while ago. An ended request's blocks matter
+        # only where nothing else tells what the actor holds (the approximate index).
+        if routing.ended and not (note.mode == APPROXIMATE_MODE or actor in self._approx_actors):
+            return
+        age = max(0.0, time.time() - note.decided_at)
+        self._note_routed(note.mode, actor, note.local_hashes, at=time.monotonic() - age)
 
     def _observe(self, decision: RoutingDecision, overlap: int) -> None:
         metrics = self._metrics

@@ -19,11 +19,14 @@ Design decisions:
   named in its hello); it also ignores a note whose blocks are of another block size.
 - A control plane that connects later (started after the others, or restarted) is sent
   the records of the requests still in flight on the actor as the stream's first frame,
-  each with the tokens it has produced so far (``actors.runtime.routed_in_flight``): it
-  counts them as waiting for prefill or as decoding, as their router does.
-- What is not shared: the approximate index's blocks of requests that ended before a
-  control plane connected (the exact index takes them from the actor's dump), and remote
-  prefills of disaggregated requests (their prefill actors' load stays per control plane).
+  each with the tokens it has produced so far (``actors.runtime.routed_requests``): it
+  counts them as waiting for prefill or as decoding, as their router does, and notes
+  their blocks at their age (``decided_at``). An actor whose engine publishes no KV events
+  adds the requests that ended recently (``ended``): their blocks go into the joiner's
+  approximate index at their age, as they are in its peers', and no load is counted.
+- What is not shared: remote prefills of disaggregated requests (their prefill actors'
+  load stays per control plane), and, to a joiner, ended requests beyond what the actor
+  keeps (``actors.runtime.routed_requests``'s bounds).
 - The stale window: a peer's routing reaches here after its submission call to the actor
   and one stream frame back (on one host about a millisecond, measured by the
   ``dynask_routing_peer_lag_seconds`` histogram from the note's ``decided_at``); requests
@@ -88,6 +91,7 @@ class PeerRouting:
     # Set for a request that was in flight when this control plane connected (the stream's
     # first frame): the tokens it had produced by then. None for one heard as it was routed.
     generated_tokens: int | None = None
+    ended: bool = False  # it had ended by then (sent only by actors without KV events)
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> PeerRouting:
@@ -102,6 +106,7 @@ class PeerRouting:
             prompt_tokens=int(record["n"]),
             note=RoutingNote.from_wire(record["r"]),
             generated_tokens=generated,
+            ended=record.get("e") is True,
         )
 
 

@@ -176,6 +176,9 @@ class ActorHandle:
         for routing in routings:
             if routing.owner == self.reader_id or routing.request_id in self.peer_load:
                 continue
+            if routing.ended:  # its blocks only: it puts no load on the actor any more
+                self.peer_listener(routing)
+                continue
             self.peer_load.admit(
                 routing.request_id, routing.prompt_tokens, routing.note.cached_tokens
             )

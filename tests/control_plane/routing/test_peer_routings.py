@@ -5,12 +5,20 @@ request exactly as one control plane routing the whole sequence does.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
+from typing import Any
+
 from pytest import approx
 
+from dynask.actors.api.outputs import FinishReason, RequestOutput
+from dynask.actors.runtime.routed_requests import RoutedRequests
 from dynask.actors.runtime.token_stream import pack_request, read_submission, routed_record
 from dynask.control_plane.routing.model_routing import RoutingOptions
 from dynask.control_plane.routing.peer_routings import PeerRouting, RoutingNote
 from tests.control_plane.routing.replica_script import (
+    C1,
+    SCRIPT,
     ControlPlane,
     RelayingActors,
     canonical,
@@ -95,3 +103,93 @@ def test_approximate_actors_learn_a_peers_routings_and_other_block_sizes_only_co
     assert peer.routing.approx.num_blocks(idle.name) == 0
     idle._peer_routed([{"i": "y", "o": "cp-9"}])  # unreadable: skipped, nothing counted
     assert len(idle.peer_load) == 1
+
+
+def _kept_by_the_actors(
+    kv_events: bool, steps: Sequence[tuple[Any, ...]] = SCRIPT
+) -> tuple[ControlPlane, dict[str, RoutedRequests]]:
+    """``steps`` (as ``SCRIPT``'s) routed by one control plane, with what each actor's
+    stream keeps for a reader that connects later (``RoutedRequests``, fed as the actor
+    feeds it)."""
+    peer = ControlPlane.new(RoutingOptions(), kv_events=kv_events)
+    actors = RelayingActors([peer])
+    kept = {handle.name: RoutedRequests(keep_ended=not kv_events) for handle in peer.handles}
+    for step in steps:
+        if len(step) == 2:
+            request_id, prompt = step
+            route = actors.route(peer, request_id, prompt)
+            assert route.note is not None
+            packed = pack_request(
+                request_id, prompt, {}, owner=route.actor.reader_id, routed=route.note.to_wire()
+            )
+            kept[route.actor.name].add([routed_record(read_submission(packed))])
+        else:
+            request_id, new_tokens, finished = step
+            actors.delta(request_id, new_tokens, finished)
+            reason = FinishReason.LENGTH if finished else None
+            output = RequestOutput(request_id, "", (7,) * new_tokens, finish_reason=reason)
+            kept[actors.winners[request_id]].advance([output])
+    return peer, kept
+
+
+def test_a_joiner_caught_up_by_approximate_actors_decides_as_its_peer() -> None:
+    r9 = tokens(seed=19, blocks=5)  # no other request shares its blocks
+    peer, kept = _kept_by_the_actors(False, [*SCRIPT, ("r9", r9), ("r9", 3, True)])
+    joiner = ControlPlane.new(RoutingOptions(), kv_events=False)
+    for name, routed in kept.items():  # each actor's first frame to the joiner
+        joiner.handle(name)._peer_routed(routed.records())
+
+    # r1 and r9 ended (their blocks are still assumed held), r2..r8 are in flight: load
+    # and blocks as the peer has them, so the next prompts are scored alike.
+    for handle in joiner.handles:
+        theirs, mine = peer.handle(handle.name).load, handle.peer_load
+        assert (mine.prefill_blocks, mine.decode_blocks, mine.waiting) == (
+            theirs.prefill_blocks,
+            theirs.decode_blocks,
+            theirs.waiting,
+        )
+        assert joiner.routing.approx.num_blocks(handle.name) == peer.routing.approx.num_blocks(
+            handle.name
+        )
+    for probe, overlap in (
+        (C1 + tokens(seed=15, blocks=2), 8),
+        (r9 + tokens(seed=20, blocks=1), 5),
+    ):
+        decisions = [p.routing.choose("p", probe, p.handles).decision for p in (peer, joiner)]
+        assert canonical(decisions[1:]) == canonical(decisions[:1])
+        assert decisions[0].winner_score.overlap_blocks == overlap
+
+
+def test_a_joiner_of_actors_with_kv_events_counts_load_and_predicts_only_in_flight() -> None:
+    peer, kept = _kept_by_the_actors(kv_events=True)
+    joiner = ControlPlane.new(RoutingOptions(), kv_events=True)
+    for name, routed in kept.items():
+        joiner.handle(name)._peer_routed(routed.records())
+
+    r8 = joiner.routing.local_hashes(SCRIPT[-1][1])
+    assert joiner.routing.find_matches(r8) == peer.routing.find_matches(r8) != {}
+    # r1 ended (its blocks come from the actor's KV dump), r2 decodes, r3..r8 wait.
+    assert sum(h.peer_load.waiting for h in joiner.handles) == 6
+    assert sum(len(h.peer_load) for h in joiner.handles) == 7
+    # An ended request's record (as an actor without KV events would send it) adds no
+    # predicted blocks where the exact index follows the cache.
+    late = joiner.handles[0]
+    prompt = tokens(seed=16, blocks=3)
+    note = RoutingNote(0, tuple(joiner.routing.local_hashes(prompt)), 16, "kv", time.time())
+    late._peer_routed([{"i": "gone", "o": "cp-9", "n": 48, "r": note.to_wire(), "g": 5, "e": True}])
+    assert joiner.routing.find_matches(joiner.routing.local_hashes(prompt)) == {}
+    assert "gone" not in late.peer_load
+
+
+def test_a_caught_up_routing_is_noted_at_its_age() -> None:
+    joiner = ControlPlane.new(RoutingOptions(approx_ttl_s=60.0), kv_events=False)
+    fresh, stale = tokens(seed=17, blocks=2), tokens(seed=18, blocks=2)
+    for request_id, prompt, age in (("fresh", fresh, 30.0), ("stale", stale, 61.0)):
+        hashes = tuple(joiner.routing.local_hashes(prompt))
+        note = RoutingNote(0, hashes, 16, "approximate", time.time() - age)
+        record = {"i": request_id, "o": "cp-9", "n": 32, "r": note.to_wire(), "g": 1, "e": True}
+        joiner.handles[0]._peer_routed([record])
+
+    name = joiner.handles[0].name
+    assert joiner.routing.find_matches(joiner.routing.local_hashes(fresh)) == {name: 2}
+    assert joiner.routing.find_matches(joiner.routing.local_hashes(stale)) == {}

@@ -40,6 +40,7 @@ from tests.control_plane.routing_stack import (
     Stack,
     cluster_with_actors,
     serving_stack,
+    tokens,
     until,
 )
 
@@ -178,5 +179,34 @@ def test_a_control_plane_that_connects_later_counts_what_was_routed_before(
                 for task in tasks:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
+
+    asyncio.run(main())
+
+
+def test_a_later_control_plane_takes_the_approximate_blocks_of_ended_requests(
+    smollm2_folder: Path,
+) -> None:
+    """Echo actors publish no KV events: what the first control plane routed there (and
+    has finished) reaches a second one only through the actors' first frame to it."""
+    prompts = [tokens(seed=30 + i, blocks=3) for i in range(4)]
+
+    async def main() -> None:
+        async with (
+            cluster_with_actors(smollm2_folder, 2, engine="echo") as proxies,
+            serving_stack(proxies) as first,
+        ):
+            for prompt in prompts:
+                await first.openai.completions.create(model=MODEL, prompt=prompt, max_tokens=2)
+            async with serving_stack(proxies) as second:
+                theirs, mine = (p.service.models[MODEL].routing for p in (first, second))
+                for handle in first.handles:
+                    assert mine.approx.num_blocks(handle.name) == theirs.approx.num_blocks(
+                        handle.name
+                    )
+                assert sum(mine.approx.num_blocks(h.name) for h in second.handles) == 12
+                for prompt in prompts:
+                    hashes = mine.local_hashes(prompt)
+                    assert mine.find_matches(hashes) == theirs.find_matches(hashes)
+                assert sum(len(h.peer_load) for h in second.handles) == 0  # all ended
 
     asyncio.run(main())

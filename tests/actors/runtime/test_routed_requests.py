@@ -1,15 +1,18 @@
 """A reader that connects to an actor's token stream after others is first sent the
 routed requests still in flight there, with the tokens each has produced (real sockets,
 the engine's hop from another thread); requests that ended, or were dropped with their
-owner, are not sent."""
+owner, are sent only by an actor without KV events, within bounds."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
+import pytest
+
 from dynask.actors.api.outputs import FinishReason, RequestOutput
-from dynask.actors.runtime.routed_in_flight import RoutedInFlight
+from dynask.actors.runtime import routed_requests
+from dynask.actors.runtime.routed_requests import RoutedRequests
 from dynask.actors.runtime.token_stream import (
     KIND_OUTPUTS,
     KIND_ROUTED,
@@ -17,6 +20,7 @@ from dynask.actors.runtime.token_stream import (
     read_frame,
 )
 from dynask.control_plane.routing.peer_routings import RoutingNote, read_peer_routings
+from dynask.kv.events import KVEventLog
 
 NOTE = RoutingNote(16, (11, 12), 16, "kv", 1700000000.5).to_wire()
 
@@ -26,7 +30,7 @@ def _record(request_id: str, owner: str, prompt_tokens: int) -> dict[str, Any]:
 
 
 def test_records_count_tokens_and_leave_when_their_request_ends() -> None:
-    routed = RoutedInFlight()
+    routed = RoutedRequests()
     routed.add([_record("a", "cp-1", 40), _record("b", "cp-1", 20), _record("c", "cp-2", 8)])
     routed.advance(
         [
@@ -47,6 +51,7 @@ def test_records_count_tokens_and_leave_when_their_request_ends() -> None:
 def test_a_reader_that_connects_later_hears_what_is_in_flight_first() -> None:
     async def main() -> None:
         server = TokenStreamServer(asyncio.get_running_loop())
+        server.watch_kv_events(KVEventLog())  # an engine with KV events: no ended records
         host, port = (await server.start("127.0.0.1")).rsplit(":", 1)
 
         async def connect() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -96,3 +101,59 @@ def test_a_reader_that_connects_later_hears_what_is_in_flight_first() -> None:
 def test_a_routing_heard_as_it_was_made_carries_no_generated_tokens() -> None:
     [routing] = read_peer_routings([_record("r1", "cp-1", 64)])
     assert routing.generated_tokens is None
+
+
+def test_without_kv_events_the_ended_are_kept_newest_within_bounds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(routed_requests, "MAX_ENDED_RECORDS", 2)
+    now = [1000.0]
+    routed = RoutedRequests(keep_ended=True, clock=lambda: now[0])
+    routed.add([_record(name, "cp-1", 16) for name in ("a", "b", "c", "d")])
+    routed.advance([RequestOutput("a", "", (1, 2), FinishReason.STOP)])
+    now[0] += 1
+    routed.advance([RequestOutput("b", "", (), FinishReason.LENGTH)])
+    now[0] += 1
+    routed.forget(["c"])  # dropped with its owner: ended too
+
+    assert [(r["i"], r.get("e"), r["g"]) for r in routed.records()] == [
+        ("b", True, 0),
+        ("c", True, 0),
+        ("d", None, 0),
+    ]
+    now[0] += routed_requests.MAX_ENDED_AGE_S - 0.5  # b ended 601.5 s ago, c 600.5
+    assert [r["i"] for r in routed.records()] == ["c", "d"]
+    now[0] += 1
+    assert [r["i"] for r in routed.records()] == ["d"]
+
+
+def test_the_ended_are_bounded_by_their_hashes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(routed_requests, "MAX_ENDED_HASHES", 5)  # NOTE holds 2 hashes
+    routed = RoutedRequests(keep_ended=True)
+    routed.add([_record(name, "cp-1", 16) for name in ("a", "b", "c")])
+    routed.forget(["a", "b", "c"])
+    assert [r["i"] for r in routed.records()] == ["b", "c"]
+
+
+@pytest.mark.parametrize("kv_events", [False, True])
+def test_a_later_reader_hears_the_ended_only_from_an_actor_without_kv_events(
+    kv_events: bool,
+) -> None:
+    async def main() -> list[tuple[str, bool]]:
+        server = TokenStreamServer(asyncio.get_running_loop())
+        if kv_events:
+            server.watch_kv_events(KVEventLog())
+        host, port = (await server.start("127.0.0.1")).rsplit(":", 1)
+        server.publish_routed([_record("r1", "cp-1", 64), _record("r2", "cp-1", 32)])
+        await asyncio.to_thread(server.publish, [RequestOutput("r1", "", (4,), FinishReason.STOP)])
+        await asyncio.sleep(0.05)  # the hop has run: r1 ended on the loop
+        reader, writer = await asyncio.open_connection(host, int(port))
+        kind, payload = await read_frame(reader)
+        writer.close()
+        await writer.wait_closed()
+        await server.close()
+        assert kind == KIND_ROUTED
+        return [(r.request_id, r.ended) for r in read_peer_routings(payload)]
+
+    expected = [("r2", False)] if kv_events else [("r1", True), ("r2", False)]
+    assert asyncio.run(main()) == expected

@@ -5,6 +5,14 @@ once after ``start`` on actors with a prefill or decode role; then per request
 ``prepare_remote_prefill`` on the decode actor, ``prefill_remote`` on the prefill actor
 with the ticket it got, and ``cancel_remote_prefill`` on the decode actor if the prefill
 call failed. Requests and tickets travel as bytes (cheap for Dask to carry).
+
+Router replicas: ``prefill_remote`` may carry the prefill router's note (``routed``: its
+reader id and ``RoutingNote.to_wire``). The prefill actor then tells its token stream's
+readers, as for a request submitted to it (``token_stream``'s ``"routed"``), under the id
+its engine prefills with (``<request id>/prefill``, the control plane's load key), so the
+other control planes count the prefill on that actor; the engine's final delta for the
+id ends it, and one more final delta is published when the call returns, in case the
+engine never got to emit one (a failed prefill). Readers ignore a second final delta.
 """
 
 from __future__ import annotations
@@ -15,8 +23,14 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry.trace import INVALID_SPAN
 
 from dynask.actors.api.engine_protocol import Engine
+from dynask.actors.api.outputs import FinishReason, RequestOutput
 from dynask.actors.api.sampling_params import SamplingParams
-from dynask.actors.runtime.token_stream import read_request
+from dynask.actors.runtime.token_stream import (
+    Submission,
+    TokenStreamServer,
+    read_request,
+    read_submission,
+)
 from dynask.actors.runtime.tracing import context_from, worker_tracer
 
 if TYPE_CHECKING:  # the service and the transports load torch: imported where a role needs them
@@ -30,11 +44,15 @@ class KVTransferMethods:
     name: str
     spec: Any
     _kv_transfer: KVTransferService | None
+    _stream: TokenStreamServer | None
 
     def _running(self) -> Engine:
         raise NotImplementedError
 
     def _traced(self, request_id: str, traceparent: str | None, prompt_tokens: int) -> None:
+        raise NotImplementedError
+
+    def _publish_routed(self, queued: list[Submission]) -> None:
         raise NotImplementedError
 
     async def open_kv_transfer(self, transport: str, host: str | None = None) -> str:
@@ -62,22 +80,29 @@ class KVTransferMethods:
         """Decode side: reserves blocks for a request (``token_stream.pack_request``) whose
         prompt KV a prefill actor will send; returns the ticket for it, or None when the
         request was queued for a local prefill instead (nothing to move, or no room)."""
-        request_id, prompt, params, traceparent = read_request(packed_request)
+        submission = read_submission(packed_request)
+        request_id, prompt, params, traceparent = submission.request
         self._traced(request_id, traceparent, len(prompt))  # its engine.request span
         with _span("engine.kv_import_prepare", traceparent, self.name) as span:
             ticket = await self._kv_service().prepare_import(
                 request_id, prompt, SamplingParams(**params), timeout_s
             )
             span.set_attribute("dynask.remote_prefill", ticket is not None)
+        self._publish_routed([submission])  # before any delta: none hopped here yet
         return None if ticket is None else ticket.pack()
 
     async def prefill_remote(
-        self, ticket: bytes, packed_request: bytes, timeout_s: float | None = None
+        self,
+        ticket: bytes,
+        packed_request: bytes,
+        timeout_s: float | None = None,
+        routed: dict[str, Any] | None = None,
     ) -> int:
         """Prefill side: computes the prompt's KV and sends the blocks the ticket asks
         for to the decode actor; returns how many blocks were sent. A prefill that takes
         longer than ``timeout_s`` (default ``kv_transfer_service.DEFAULT_PREFILL_TIMEOUT_S``)
-        is aborted (the decode actor has stopped waiting)."""
+        is aborted (the decode actor has stopped waiting). ``routed`` (``{"o": reader id,
+        "r": note}``) goes to the other readers (module docstring)."""
         from dynask.actors.runtime.kv_transfer_service import (
             DEFAULT_PREFILL_TIMEOUT_S,
             RemotePrefillTicket,
@@ -85,11 +110,22 @@ class KVTransferMethods:
 
         timeout_s = DEFAULT_PREFILL_TIMEOUT_S if timeout_s is None else timeout_s
         _, prompt, params, traceparent = read_request(packed_request)
-        with _span("engine.remote_prefill", traceparent, self.name) as span:
-            blocks = await self._kv_service().prefill_and_send(
-                RemotePrefillTicket.unpack(ticket), prompt, SamplingParams(**params), timeout_s
-            )
-            span.set_attribute("dynask.kv_blocks_sent", blocks)
+        unpacked = RemotePrefillTicket.unpack(ticket)
+        prefill_id = f"{unpacked.transfer_id}/prefill"
+        note = routed.get("r") if isinstance(routed, dict) else None
+        stream = self._stream if isinstance(note, dict) else None
+        if stream is not None and routed is not None:
+            owner = routed.get("o")
+            stream.publish_routed([{"i": prefill_id, "o": owner, "n": len(prompt), "r": note}])
+        try:
+            with _span("engine.remote_prefill", traceparent, self.name) as span:
+                blocks = await self._kv_service().prefill_and_send(
+                    unpacked, prompt, SamplingParams(**params), timeout_s
+                )
+                span.set_attribute("dynask.kv_blocks_sent", blocks)
+        finally:
+            if stream is not None:
+                stream.publish([RequestOutput(prefill_id, "", (), FinishReason.ABORT)])
         return blocks
 
     async def cancel_remote_prefill(self, request_id: str) -> None:
@@ -101,8 +137,11 @@ class KVTransferMethods:
         return self._kv_service().stats()
 
     def _abort_remote_prefill(self, request_id: str) -> None:
-        if self._kv_transfer is not None:
-            self._kv_transfer.abort_import(request_id)
+        """A request waiting for its KV will never be queued: no engine delta ends it, so
+        one is published here for the readers that count it (router replicas)."""
+        aborted = self._kv_transfer is not None and self._kv_transfer.abort_import(request_id)
+        if aborted and self._stream is not None:
+            self._stream.publish([RequestOutput(request_id, "", (), FinishReason.ABORT)])
 
     async def _close_kv_transfer(self) -> None:
         if self._kv_transfer is not None:

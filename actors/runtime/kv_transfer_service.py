@@ -163,12 +163,15 @@ class KVTransferService:
         if request_id in self._pending:
             self.transport.forget(TransferId(request_id))
 
-    def abort_import(self, request_id: str) -> None:
-        """The client went away: release the reservation and never queue the request."""
+    def abort_import(self, request_id: str) -> bool:
+        """The client went away: release the reservation and never queue the request.
+        False when no import of it was pending (it is queued, or unknown)."""
         pending = self._pending.get(request_id)
-        if pending is not None:
-            pending.aborted = True
-            self.transport.forget(TransferId(request_id))
+        if pending is None or pending.aborted:
+            return False
+        pending.aborted = True
+        self.transport.forget(TransferId(request_id))
+        return True
 
     async def _finish_import(self, pending: PendingImport, timeout_s: float) -> None:
         engine = self.engine

@@ -26,6 +26,11 @@ Design decisions:
   on the decode actor, never the prefill in flight (its blocks are freed after it sent).
 - Bad input (``ValueError`` from the decode actor) fails the request as usual; any other
   failure to hand it over disaggregated submits it plainly instead.
+- Router replicas: the prefill router's note goes with ``prefill_remote`` (``PrefillPlan.
+  routed``), and the prefill actor passes it to its other readers, so the other control
+  planes count the prefill in that actor's ``peer_load`` and score it as this one does
+  (``actors.runtime.kv_transfer_actor``). ``max_prefills_per_actor`` still counts this
+  control plane's prefills only.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from opentelemetry.trace import NoOpTracer, Status, StatusCode, Tracer
 
@@ -44,6 +50,7 @@ from dynask.control_plane.routing.model_routing import (
     NoReadyActorError,
     OverloadedError,
 )
+from dynask.control_plane.routing.peer_routings import RoutingNote
 from dynask.control_plane.serving.actor_handle import ActorHandle
 from dynask.control_plane.state.deployment import Role
 
@@ -117,11 +124,18 @@ class PrefillPlan:
 
     request_id: str
     prefill_actor: ActorHandle
+    note: RoutingNote | None = None  # the prefill router's, for the other control planes
     released: bool = False
 
     @property
     def load_key(self) -> str:
         return f"{self.request_id}/prefill"
+
+    def routed(self) -> dict[str, Any] | None:
+        """What the prefill actor passes on to its other readers (``prefill_remote``)."""
+        if self.note is None:
+            return None
+        return {"o": self.prefill_actor.reader_id, "r": self.note.to_wire()}
 
     def release(self) -> None:
         """Uncounts the prefill from the prefill actor's load; only the first call acts."""
@@ -168,7 +182,7 @@ class DisaggOrchestrator:
             self.counters["local_prefill_busy"] += 1
             return None
         route.actor.reserve(key, len(prompt_ids), route.expected_cached_tokens)
-        return PrefillPlan(request_id, route.actor)
+        return PrefillPlan(request_id, route.actor, route.note)
 
     def submitter(self, plan: PrefillPlan, decode: ActorHandle) -> Submit:
         """What ``ActorHandle.generate`` calls instead of its plain submission. The plan
@@ -213,7 +227,7 @@ class DisaggOrchestrator:
         span = self.tracer.start_span("remote_prefill", attributes=attributes)
         try:
             blocks = await plan.prefill_actor.proxy.prefill_remote(
-                ticket, packed, self.options.transfer_timeout_s
+                ticket, packed, self.options.transfer_timeout_s, plan.routed()
             )
         except Exception as exc:  # the decode actor falls back; say why in the log
             span.record_exception(exc)

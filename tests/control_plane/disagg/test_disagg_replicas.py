@@ -1,0 +1,46 @@
+"""Router replicas with disaggregated serving: two control planes in front of the same
+prefill and decode actors (a real in-process Dask cluster, mocker actors, HTTP and the
+official client). A remote prefill one of them plans is counted by the other on the
+prefill actor until the prefill is over, as the decode request is on the decode actor."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from dynask.control_plane.disagg.orchestrator import DisaggOptions
+from tests.actors.engine.helpers import prompts_of_lengths
+from tests.control_plane.disagg.test_disagg import ROLES, mockers
+from tests.control_plane.routing_stack import serving_stack, until
+
+STALLED_PREFILL = {"speedup_ratio": 1.0, "prefill_ms_base": 2000.0}  # each prefill step: 2 s
+
+
+@pytest.mark.slow  # two mocker actors and two control planes, ~10 s
+def test_a_remote_prefill_counts_on_the_other_control_planes(tokenizer_folder: Path) -> None:
+    options = DisaggOptions(min_remote_prefill_tokens=1)
+    prompt = prompts_of_lengths([120], seed=7)[0]  # 7 full blocks of 16 and 8 tokens
+
+    async def main() -> None:
+        async with (
+            mockers(tokenizer_folder, [STALLED_PREFILL, {}]) as proxies,
+            serving_stack(proxies, disagg=options, roles=ROLES) as first,
+            serving_stack(proxies, disagg=options, roles=ROLES) as second,
+        ):
+            reply = asyncio.create_task(first.complete(prompt))
+            mine, theirs = first.handle("mock-0").load, second.handle("mock-0").peer_load
+            await until(lambda: len(theirs) == 1, "the other control plane to hear the prefill")
+            assert (theirs.waiting, theirs.prefill_blocks) == (1, mine.prefill_blocks)
+            assert mine.prefill_blocks == 8  # the whole prompt, nothing cached
+            assert len(first.handle("mock-0").peer_load) == 0  # its own: not counted twice
+            assert len(second.handle("mock-1").peer_load) == 1  # the request, on decode
+
+            completion = await reply
+            assert completion.usage is not None and completion.usage.completion_tokens == 4
+            await until(lambda: len(theirs) == 0, "the prefill to end on the other one")
+            assert first.service.disagg.counters["remote_prefills"] == 1
+            await until(lambda: len(second.handle("mock-1").peer_load) == 0, "the request's end")
+
+    asyncio.run(main())

@@ -245,7 +245,10 @@ def test_client_gone_during_transfer_frees_both_sides(mockers: list[LLMEngine]) 
         async with pair(prefill_engine, decode_engine) as (prefill, decode):
             ticket = await decode.prepare_import("gone", prompt, GREEDY, timeout_s=30)
             assert ticket is not None
-            decode.abort_import("gone")
+            # True once: the request was never queued (its actor publishes its end itself)
+            assert decode.abort_import("gone") is True
+            assert decode.abort_import("gone") is False
+            assert decode.abort_import("never-prepared") is False
             assert await prefill.prefill_and_send(ticket, prompt, GREEDY) == 10
             return prefill.stats(), await settled(decode)
 

@@ -13,7 +13,7 @@ import pytest
 from dynask.control_plane.disagg.orchestrator import DisaggOptions
 from tests.actors.engine.helpers import prompts_of_lengths
 from tests.control_plane.disagg.test_disagg import ROLES, mockers
-from tests.control_plane.routing_stack import serving_stack, until
+from tests.control_plane.routing_stack import MODEL, Stack, serving_stack, until
 
 STALLED_PREFILL = {"speedup_ratio": 1.0, "prefill_ms_base": 2000.0}  # each prefill step: 2 s
 
@@ -42,5 +42,39 @@ def test_a_remote_prefill_counts_on_the_other_control_planes(tokenizer_folder: P
             await until(lambda: len(theirs) == 0, "the prefill to end on the other one")
             assert first.service.disagg.counters["remote_prefills"] == 1
             await until(lambda: len(second.handle("mock-1").peer_load) == 0, "the request's end")
+
+    asyncio.run(main())
+
+
+@pytest.mark.slow  # as the test above
+def test_a_request_aborted_while_its_kv_is_awaited_ends_on_the_other_control_plane(
+    tokenizer_folder: Path,
+) -> None:
+    """The decode actor never queues a request whose client left before its KV came: it
+    publishes the request's end itself, or the other control plane would count it on the
+    decode actor for ever."""
+    options = DisaggOptions(min_remote_prefill_tokens=1)
+    prompt = prompts_of_lengths([120], seed=8)[0]
+
+    async def stream(plane: Stack) -> None:
+        reply = await plane.openai.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=4, stream=True
+        )
+        async for _ in reply:
+            pass
+
+    async def main() -> None:
+        async with (
+            mockers(tokenizer_folder, [STALLED_PREFILL, {}]) as proxies,
+            serving_stack(proxies, disagg=options, roles=ROLES) as first,
+            serving_stack(proxies, disagg=options, roles=ROLES) as second,
+        ):
+            client = asyncio.create_task(stream(first))
+            decoding, prefilling = (second.handle(n).peer_load for n in ("mock-1", "mock-0"))
+            await until(lambda: len(decoding) == len(prefilling) == 1, "the peer to hear both")
+            client.cancel()
+            await asyncio.gather(client, return_exceptions=True)
+            await until(lambda: len(decoding) == 0, "the aborted request's end")
+            await until(lambda: len(prefilling) == 0, "the prefill's end (it ran on)")
 
     asyncio.run(main())

@@ -29,8 +29,8 @@ Design decisions:
 - Router replicas: the prefill router's note goes with ``prefill_remote`` (``PrefillPlan.
   routed``), and the prefill actor passes it to its other readers, so the other control
   planes count the prefill in that actor's ``peer_load`` and score it as this one does
-  (``actors.runtime.kv_transfer_actor``). ``max_prefills_per_actor`` still counts this
-  control plane's prefills only.
+  (``actors.runtime.kv_transfer_actor``), and ``max_prefills_per_actor`` bounds the
+  prefills of all of them together.
 """
 
 from __future__ import annotations
@@ -172,7 +172,11 @@ class DisaggOrchestrator:
             self.counters["local_short_or_cached"] += 1
             return None
         limit = self.options.max_prefills_per_actor
-        free = [a for a in prefill_actors if not a.broken and a.in_flight < limit]
+        # Prefills in flight there: this control plane's and, heard through the actor,
+        # the other control planes' (router replicas).
+        free = [
+            a for a in prefill_actors if not a.broken and a.in_flight + len(a.peer_load) < limit
+        ]
         key = f"{request_id}/prefill"
         try:
             route = routing.choose(key, prompt_ids, free) if free else None

@@ -1,7 +1,9 @@
 """Router replicas with disaggregated serving: two control planes in front of the same
 prefill and decode actors (a real in-process Dask cluster, mocker actors, HTTP and the
 official client). A remote prefill one of them plans is counted by the other on the
-prefill actor until the prefill is over, as the decode request is on the decode actor."""
+prefill actor until the prefill is over, as the decode request is on the decode actor;
+a request aborted before its KV came ends there too; the prefills-per-actor bound holds
+for both control planes together."""
 
 from __future__ import annotations
 
@@ -78,3 +80,28 @@ def test_a_request_aborted_while_its_kv_is_awaited_ends_on_the_other_control_pla
             await until(lambda: len(prefilling) == 0, "the prefill's end (it ran on)")
 
     asyncio.run(main())
+
+
+@pytest.mark.slow  # as the test above
+def test_the_prefills_per_actor_bound_all_control_planes_together(tokenizer_folder: Path) -> None:
+    options = DisaggOptions(min_remote_prefill_tokens=1, max_prefills_per_actor=1)
+    first_prompt, second_prompt = prompts_of_lengths([120, 110], seed=9)
+
+    async def main() -> tuple[dict[str, int], dict[str, int]]:
+        async with (
+            mockers(tokenizer_folder, [STALLED_PREFILL, {}]) as proxies,
+            serving_stack(proxies, disagg=options, roles=ROLES) as first,
+            serving_stack(proxies, disagg=options, roles=ROLES) as second,
+        ):
+            held = asyncio.create_task(first.complete(first_prompt))
+            prefilling = second.handle("mock-0").peer_load
+            await until(lambda: len(prefilling) == 1, "the peer to hear the prefill")
+            # The prefill actor holds its one prefill (the first's): the decode actor
+            # prefills the second's request itself.
+            await second.complete(second_prompt)
+            await held
+            return dict(first.service.disagg.counters), dict(second.service.disagg.counters)
+
+    firsts, seconds = asyncio.run(main())
+    assert firsts == {"remote_prefills": 1, "blocks_moved": 7}
+    assert seconds == {"local_prefill_busy": 1}

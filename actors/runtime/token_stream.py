@@ -36,7 +36,8 @@ records of the requests still in flight (``RoutedRequests``), each with ``"g"``,
 it has produced so far, and a reader that connects is sent them as its first frame: a
 control plane that joins later counts what its peers routed before it came. An actor
 without KV events sends the recently ended ones too (``"e"``), for the joiner's
-approximate index.
+approximate index, in a frame of their own before it (kind ``"routed_ended"``): a reader
+from before it skips that kind rather than count ended requests as load.
 
 Kind ``"prefill"`` carries ``{request id: prompt tokens still to compute}`` after an
 engine step that advanced long prompts' chunked prefill without finishing it
@@ -71,6 +72,7 @@ KIND_KV_EVENTS = "kv"
 KIND_HELLO = "hello"
 KIND_ROUTED = "routed"
 KIND_PREFILL = "prefill"
+KIND_ROUTED_ENDED = "routed_ended"
 
 
 def encode_frame(kind: str, payload: Any) -> bytes:
@@ -263,8 +265,13 @@ class TokenStreamServer:
         return f"{host}:{port}"
 
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self._routed:  # what the other readers routed here and is still in flight
-            writer.write(encode_frame(KIND_ROUTED, self._routed.records()))
+        if self._routed:  # what the other readers routed here (and, lately, ended)
+            records = self._routed.records()
+            ended = [record for record in records if record.get("e")]
+            in_flight = [record for record in records if not record.get("e")]
+            for kind, payload in ((KIND_ROUTED_ENDED, ended), (KIND_ROUTED, in_flight)):
+                if payload:
+                    writer.write(encode_frame(kind, payload))
         self._writers.add(writer)
         name: str | None = None
         try:  # a reader sends at most its hello; EOF (or a broken frame) means it left

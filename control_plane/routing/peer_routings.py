@@ -22,8 +22,9 @@ Design decisions:
   each with the tokens it has produced so far (``actors.runtime.routed_requests``): it
   counts them as waiting for prefill or as decoding, as their router does, and notes
   their blocks at their age (``decided_at``). An actor whose engine publishes no KV events
-  adds the requests that ended recently (``ended``): their blocks go into the joiner's
-  approximate index at their age, as they are in its peers', and no load is counted.
+  adds the requests that ended recently (``ended``, in a ``"routed_ended"`` frame that a
+  control plane from before it skips): their blocks go into the joiner's approximate
+  index at their age, as they are in its peers', and no load is counted.
 - What is not shared: remote prefills of disaggregated requests (their prefill actors'
   load stays per control plane), and, to a joiner, ended requests beyond what the actor
   keeps (``actors.runtime.routed_requests``'s bounds).

@@ -34,6 +34,7 @@ from dynask.actors.runtime.token_stream import (
     KIND_OUTPUTS,
     KIND_PREFILL,
     KIND_ROUTED,
+    KIND_ROUTED_ENDED,
     decode_output,
     encode_frame,
     pack_request,
@@ -129,7 +130,7 @@ class ActorHandle:
                         self._dispatch(decode_output(item))
                 elif kind == KIND_KV_EVENTS and self.listener is not None:
                     self.listener.on_kv_events(payload)
-                elif kind == KIND_ROUTED:
+                elif kind in (KIND_ROUTED, KIND_ROUTED_ENDED):
                     self._peer_routed(payload)
                 elif kind == KIND_PREFILL:
                     self._prefill_progress(payload)

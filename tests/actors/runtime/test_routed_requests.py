@@ -16,6 +16,7 @@ from dynask.actors.runtime.routed_requests import RoutedRequests
 from dynask.actors.runtime.token_stream import (
     KIND_OUTPUTS,
     KIND_ROUTED,
+    KIND_ROUTED_ENDED,
     TokenStreamServer,
     read_frame,
 )
@@ -139,7 +140,7 @@ def test_the_ended_are_bounded_by_their_hashes(monkeypatch: pytest.MonkeyPatch) 
 def test_a_later_reader_hears_the_ended_only_from_an_actor_without_kv_events(
     kv_events: bool,
 ) -> None:
-    async def main() -> list[tuple[str, bool]]:
+    async def main() -> list[tuple[str, list[tuple[str, bool]]]]:
         server = TokenStreamServer(asyncio.get_running_loop())
         if kv_events:
             server.watch_kv_events(KVEventLog())
@@ -148,12 +149,23 @@ def test_a_later_reader_hears_the_ended_only_from_an_actor_without_kv_events(
         await asyncio.to_thread(server.publish, [RequestOutput("r1", "", (4,), FinishReason.STOP)])
         await asyncio.sleep(0.05)  # the hop has run: r1 ended on the loop
         reader, writer = await asyncio.open_connection(host, int(port))
-        kind, payload = await read_frame(reader)
+        frames = [await read_frame(reader)]
+        if not kv_events:
+            frames.append(await read_frame(reader))
+        await asyncio.to_thread(server.publish, [RequestOutput("r3", "", (5,))])
+        frames.append(await read_frame(reader))  # the next step's deltas follow
         writer.close()
         await writer.wait_closed()
         await server.close()
-        assert kind == KIND_ROUTED
-        return [(r.request_id, r.ended) for r in read_peer_routings(payload)]
+        return [
+            (kind, [(r.request_id, r.ended) for r in read_peer_routings(payload)])
+            if kind != KIND_OUTPUTS
+            else (kind, [])
+            for kind, payload in frames
+        ]
 
-    expected = [("r2", False)] if kv_events else [("r1", True), ("r2", False)]
-    assert asyncio.run(main()) == expected
+    # The ended go in a frame of their own, which a reader from before it skips.
+    in_flight = (KIND_ROUTED, [("r2", False)])
+    ended = (KIND_ROUTED_ENDED, [("r1", True)])
+    expected = [in_flight] if kv_events else [ended, in_flight]
+    assert asyncio.run(main()) == [*expected, (KIND_OUTPUTS, [])]

@@ -55,6 +55,12 @@ class KVTransferMethods:
     def _publish_routed(self, queued: list[Submission]) -> None:
         raise NotImplementedError
 
+    def _opened(self, request_id: str, owner: str | None) -> None:
+        raise NotImplementedError
+
+    def _forget_finished(self, outputs: list[RequestOutput]) -> None:
+        raise NotImplementedError
+
     async def open_kv_transfer(self, transport: str, host: str | None = None) -> str:
         """Starts this actor's KV listener (``tcp`` or ``ucxx``); returns its address."""
         if self._kv_transfer is not None:
@@ -88,6 +94,7 @@ class KVTransferMethods:
                 request_id, prompt, SamplingParams(**params), timeout_s
             )
             span.set_attribute("dynask.remote_prefill", ticket is not None)
+        self._opened(request_id, submission.owner)  # aborted if its control plane leaves
         self._publish_routed([submission])  # before any delta: none hopped here yet
         return None if ticket is None else ticket.pack()
 
@@ -140,8 +147,11 @@ class KVTransferMethods:
         """A request waiting for its KV will never be queued: no engine delta ends it, so
         one is published here for the readers that count it (router replicas)."""
         aborted = self._kv_transfer is not None and self._kv_transfer.abort_import(request_id)
-        if aborted and self._stream is not None:
-            self._stream.publish([RequestOutput(request_id, "", (), FinishReason.ABORT)])
+        if aborted:
+            ended = [RequestOutput(request_id, "", (), FinishReason.ABORT)]
+            self._forget_finished(ended)  # no longer open on this actor
+            if self._stream is not None:
+                self._stream.publish(ended)
 
     async def _close_kv_transfer(self) -> None:
         if self._kv_transfer is not None:

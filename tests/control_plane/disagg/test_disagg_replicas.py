@@ -8,16 +8,27 @@ for both control planes together."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
 
 from dynask.control_plane.disagg.orchestrator import DisaggOptions
+from dynask.control_plane.reliability.options import ReliabilityOptions
 from tests.actors.engine.helpers import prompts_of_lengths
 from tests.control_plane.disagg.test_disagg import ROLES, mockers
 from tests.control_plane.routing_stack import MODEL, Stack, serving_stack, until
 
+NO_MIGRATION = ReliabilityOptions(migration_limit=0)
 STALLED_PREFILL = {"speedup_ratio": 1.0, "prefill_ms_base": 2000.0}  # each prefill step: 2 s
+
+
+async def _stream(plane: Stack, prompt: list[int], max_tokens: int) -> None:
+    reply = await plane.openai.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=max_tokens, stream=True
+    )
+    async for _ in reply:
+        pass
 
 
 @pytest.mark.slow  # two mocker actors and two control planes, ~10 s
@@ -58,20 +69,13 @@ def test_a_request_aborted_while_its_kv_is_awaited_ends_on_the_other_control_pla
     options = DisaggOptions(min_remote_prefill_tokens=1)
     prompt = prompts_of_lengths([120], seed=8)[0]
 
-    async def stream(plane: Stack) -> None:
-        reply = await plane.openai.completions.create(
-            model=MODEL, prompt=prompt, max_tokens=4, stream=True
-        )
-        async for _ in reply:
-            pass
-
     async def main() -> None:
         async with (
             mockers(tokenizer_folder, [STALLED_PREFILL, {}]) as proxies,
             serving_stack(proxies, disagg=options, roles=ROLES) as first,
             serving_stack(proxies, disagg=options, roles=ROLES) as second,
         ):
-            client = asyncio.create_task(stream(first))
+            client = asyncio.create_task(_stream(first, prompt, max_tokens=4))
             decoding, prefilling = (second.handle(n).peer_load for n in ("mock-1", "mock-0"))
             await until(lambda: len(decoding) == len(prefilling) == 1, "the peer to hear both")
             client.cancel()
@@ -105,3 +109,49 @@ def test_the_prefills_per_actor_bound_all_control_planes_together(tokenizer_fold
     firsts, seconds = asyncio.run(main())
     assert firsts == {"remote_prefills": 1, "blocks_moved": 7}
     assert seconds == {"local_prefill_busy": 1}
+
+
+@pytest.mark.slow  # as the test above
+def test_a_departed_control_planes_disaggregated_requests_are_aborted(
+    tokenizer_folder: Path,
+) -> None:
+    """A disaggregated request is the decode actor's once it took it
+    (``prepare_remote_prefill``): when the control plane that sent it goes away, the
+    actor aborts it, as it does the requests submitted to it, while the other control
+    plane's stay."""
+    options = DisaggOptions(min_remote_prefill_tokens=1)
+    long_decode = {"speedup_ratio": 1.0}  # 5.7 ms a step: 2,000 tokens take ~11 s
+    gone_prompt, kept_prompt = prompts_of_lengths([120, 100], seed=10)
+
+    async def main() -> None:
+        async with (
+            mockers(tokenizer_folder, [{}, long_decode]) as proxies,
+            # Its request does not move on (nowhere to go: its handles are closed).
+            serving_stack(proxies, disagg=options, roles=ROLES, reliability=NO_MIGRATION) as first,
+            serving_stack(proxies, disagg=options, roles=ROLES) as second,
+        ):
+            decode = proxies[1]
+            replies = [  # streamed: a client that leaves is noticed at once
+                asyncio.create_task(_stream(plane, prompt, max_tokens=2000))
+                for plane, prompt in ((first, gone_prompt), (second, kept_prompt))
+            ]
+
+            async def running() -> int:
+                return int((await decode.stats())["num_running"])
+
+            deadline = time.monotonic() + 10
+            while await running() < 2 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert await running() == 2
+            for handle in first.handles:  # its process is gone: nobody reads its deltas
+                await handle.close()
+            deadline = time.monotonic() + 5
+            while await running() > 1 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert await running() == 1  # the other control plane's runs on
+            assert second.service.disagg.counters["remote_prefills"] == 1
+            for reply in replies:
+                reply.cancel()
+            await asyncio.gather(*replies, return_exceptions=True)
+
+    asyncio.run(main())

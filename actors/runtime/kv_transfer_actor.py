@@ -27,9 +27,11 @@ from dynask.actors.api.outputs import FinishReason, RequestOutput
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.runtime.token_stream import (
     Submission,
+    SubmittedRequest,
     TokenStreamServer,
     read_request,
     read_submission,
+    routed_record,
 )
 from dynask.actors.runtime.tracing import context_from, worker_tracer
 
@@ -120,10 +122,12 @@ class KVTransferMethods:
         unpacked = RemotePrefillTicket.unpack(ticket)
         prefill_id = f"{unpacked.transfer_id}/prefill"
         note = routed.get("r") if isinstance(routed, dict) else None
-        stream = self._stream if isinstance(note, dict) else None
-        if stream is not None and routed is not None:
+        stream = self._stream if routed is not None and isinstance(note, dict) else None
+        if stream is not None and routed is not None:  # as if submitted here under its id
+            prefill = SubmittedRequest(prefill_id, prompt, params, traceparent)
             owner = routed.get("o")
-            stream.publish_routed([{"i": prefill_id, "o": owner, "n": len(prompt), "r": note}])
+            record = routed_record(Submission(prefill, None if owner is None else str(owner), note))
+            stream.publish_routed([] if record is None else [record])
         try:
             with _span("engine.remote_prefill", traceparent, self.name) as span:
                 blocks = await self._kv_service().prefill_and_send(
@@ -132,7 +136,7 @@ class KVTransferMethods:
                 span.set_attribute("dynask.kv_blocks_sent", blocks)
         finally:
             if stream is not None:
-                stream.publish([RequestOutput(prefill_id, "", (), FinishReason.ABORT)])
+                stream.publish(_ended(prefill_id))
         return blocks
 
     async def cancel_remote_prefill(self, request_id: str) -> None:
@@ -148,7 +152,7 @@ class KVTransferMethods:
         one is published here for the readers that count it (router replicas)."""
         aborted = self._kv_transfer is not None and self._kv_transfer.abort_import(request_id)
         if aborted:
-            ended = [RequestOutput(request_id, "", (), FinishReason.ABORT)]
+            ended = _ended(request_id)
             self._forget_finished(ended)  # no longer open on this actor
             if self._stream is not None:
                 self._stream.publish(ended)
@@ -173,3 +177,9 @@ def _span(name: str, traceparent: str | None, actor: str) -> Any:
     if tracer is None or parent is None:
         return nullcontext(INVALID_SPAN)
     return tracer.start_as_current_span(name, parent, attributes={"dynask.actor": actor})
+
+
+def _ended(request_id: str) -> list[RequestOutput]:
+    """A final delta for a request the engine will not end itself (readers ignore a
+    second one)."""
+    return [RequestOutput(request_id, "", (), FinishReason.ABORT)]

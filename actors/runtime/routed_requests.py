@@ -27,7 +27,7 @@ costs nothing per step.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -47,7 +47,9 @@ class RoutedRequests:
         self.keep_ended = keep_ended
         self._clock = clock
         self._in_flight: dict[str, dict[str, Any]] = {}
-        self._ended: OrderedDict[str, tuple[float, dict[str, Any]]] = OrderedDict()  # oldest first
+        self._ended: deque[tuple[float, dict[str, Any]]] = (
+            deque()
+        )  # (ended at, record), oldest first
         self._ended_hashes = 0
 
     def add(self, records: Iterable[dict[str, Any]]) -> None:
@@ -79,23 +81,29 @@ class RoutedRequests:
         if not self.keep_ended:
             return
         record["e"] = True
-        self._ended[str(record["i"])] = (self._clock(), record)
+        self._ended.append((self._clock(), record))
         self._ended_hashes += _num_hashes(record)
         while len(self._ended) > MAX_ENDED_RECORDS or self._ended_hashes > MAX_ENDED_HASHES:
             self._drop_oldest()
 
     def _drop_oldest(self) -> None:
-        _, (_, record) = self._ended.popitem(last=False)
+        _, record = self._ended.popleft()
         self._ended_hashes -= _num_hashes(record)
 
-    def records(self) -> list[dict[str, Any]]:
-        """The records to send a reader that just connected, ended ones (oldest first)
-        before those in flight; copies, as they change later."""
+    def ended_records(self) -> list[dict[str, Any]]:
+        """The ended requests' records still kept, oldest first (copies)."""
         horizon = self._clock() - MAX_ENDED_AGE_S
-        while self._ended and next(iter(self._ended.values()))[0] < horizon:
+        while self._ended and self._ended[0][0] < horizon:
             self._drop_oldest()
-        ended = [dict(record) for _, record in self._ended.values()]
-        return ended + [dict(record) for record in self._in_flight.values()]
+        return [dict(record) for _, record in self._ended]
+
+    def in_flight_records(self) -> list[dict[str, Any]]:
+        """The records of the requests in flight (copies: they change later)."""
+        return [dict(record) for record in self._in_flight.values()]
+
+    def records(self) -> list[dict[str, Any]]:
+        """Both, ended ones first: what a reader that just connected is sent."""
+        return self.ended_records() + self.in_flight_records()
 
     def __len__(self) -> int:
         return len(self._in_flight) + len(self._ended)

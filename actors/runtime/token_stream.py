@@ -266,9 +266,7 @@ class TokenStreamServer:
 
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self._routed:  # what the other readers routed here (and, lately, ended)
-            records = self._routed.records()
-            ended = [record for record in records if record.get("e")]
-            in_flight = [record for record in records if not record.get("e")]
+            ended, in_flight = self._routed.ended_records(), self._routed.in_flight_records()
             for kind, payload in ((KIND_ROUTED_ENDED, ended), (KIND_ROUTED, in_flight)):
                 if payload:
                     writer.write(encode_frame(kind, payload))

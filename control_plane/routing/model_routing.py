@@ -395,8 +395,9 @@ class ModelRouting:
         its blocks are noted here as its router noted them (same block size only)."""
         note = routing.note
         caught_up = routing.generated_tokens is not None  # on connecting, not as routed
+        age = max(0.0, time.time() - note.decided_at)
         if not caught_up:
-            self._peer_lag_seconds.observe(max(0.0, time.time() - note.decided_at))
+            self._peer_lag_seconds.observe(age)
         if note.block_size != (self.block_size or DEFAULT_BLOCK_SIZE):
             return
         if not caught_up:
@@ -406,7 +407,6 @@ class ModelRouting:
         # only where nothing else tells what the actor holds (the approximate index).
         if routing.ended and not (note.mode == APPROXIMATE_MODE or actor in self._approx_actors):
             return
-        age = max(0.0, time.time() - note.decided_at)
         self._note_routed(note.mode, actor, note.local_hashes, at=time.monotonic() - age)
 
     def _observe(self, decision: RoutingDecision, overlap: int) -> None:

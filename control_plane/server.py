@@ -41,7 +41,7 @@ from dynask.control_plane.observability.tracing import Tracing, TracingOptions
 from dynask.control_plane.planner.decision import PlannerConfig
 from dynask.control_plane.planner.loop import PlannerLoop
 from dynask.control_plane.reliability.options import ReliabilityOptions
-from dynask.control_plane.routing.model_routing import RoutingOptions
+from dynask.control_plane.routing.routing_options import RoutingOptions
 from dynask.control_plane.serving.gc_policy import settle_heap
 from dynask.control_plane.serving.metrics import ServingMetrics
 from dynask.control_plane.serving.readiness import all_ready, summary

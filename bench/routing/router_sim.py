@@ -57,7 +57,7 @@ from bench.routing.trace import (
 from bench.routing.trace_systems import matched_timing
 from dynask.actors.backends.mocker_config import MockerConfig
 from dynask.control_plane.routing.kv_router import Candidate, KVRouter, RouterConfig
-from dynask.control_plane.routing.model_routing import RoutingOptions
+from dynask.control_plane.routing.routing_options import RoutingOptions
 from dynask.kv.approx_index import ApproxIndex
 from dynask.kv.prefix_index import TierOverlap
 

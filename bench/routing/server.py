@@ -35,7 +35,7 @@ from dynask.actors.api.actor_info import ActorInfo
 from dynask.actors.runtime.engine_actor import EngineActor
 from dynask.actors.runtime.engine_factory import EngineSpec, prepare_model
 from dynask.control_plane.api.app import build_app
-from dynask.control_plane.routing.model_routing import RoutingOptions
+from dynask.control_plane.routing.routing_options import RoutingOptions
 from dynask.control_plane.serving.actor_handle import ActorHandle
 from dynask.control_plane.serving.gc_policy import settle_heap
 from dynask.control_plane.serving.metrics import ServingMetrics

@@ -246,7 +246,7 @@ def _server_options(
     from dynask.control_plane.cluster.ssh_settings import SSHOptions
     from dynask.control_plane.flags import options_from
     from dynask.control_plane.observability.tracing import TracingOptions
-    from dynask.control_plane.routing.model_routing import RoutingOptions
+    from dynask.control_plane.routing.routing_options import RoutingOptions
     from dynask.control_plane.server import ServerOptions
 
     return options_from(

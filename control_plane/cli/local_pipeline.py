@@ -19,7 +19,7 @@ from dynask.control_plane.cluster.pools import PoolPlacement
 from dynask.control_plane.cluster.reconciler import ClusterRuntime
 from dynask.control_plane.disagg.orchestrator import DisaggOptions
 from dynask.control_plane.reliability.options import ReliabilityOptions
-from dynask.control_plane.routing.model_routing import RoutingOptions
+from dynask.control_plane.routing.routing_options import RoutingOptions
 from dynask.control_plane.serving.metrics import ServingMetrics
 from dynask.control_plane.serving.request import GenerationRequest, PreparedRequest
 from dynask.control_plane.serving.service import ServingService

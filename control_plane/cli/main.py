@@ -28,7 +28,7 @@ from dynask.control_plane.cli.reliability_flags import add_reliability_args
 from dynask.control_plane.cluster.ssh_settings import SSHOptions
 from dynask.control_plane.flags import Flag, add_flags
 from dynask.control_plane.observability.tracing import TracingOptions
-from dynask.control_plane.routing.model_routing import RoutingOptions
+from dynask.control_plane.routing.routing_options import RoutingOptions
 from dynask.control_plane.serving.errors import ServingError
 
 LOG_LEVEL = Flag("--log-level")

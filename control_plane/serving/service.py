@@ -30,7 +30,8 @@ from dynask.control_plane.disagg.orchestrator import DisaggOptions, DisaggOrches
 from dynask.control_plane.observability.tracing import prepare_attributes
 from dynask.control_plane.reliability.migration import RequestMigration
 from dynask.control_plane.reliability.options import ReliabilityOptions
-from dynask.control_plane.routing.model_routing import ModelRouting, RoutingOptions
+from dynask.control_plane.routing.model_routing import ModelRouting
+from dynask.control_plane.routing.routing_options import RoutingOptions
 from dynask.control_plane.serving.actor_handle import ActorHandle, ActorUnavailableError
 from dynask.control_plane.serving.admission import Admission, AdmissionRefusedError
 from dynask.control_plane.serving.admitted_request import AdmittedRequest

@@ -31,7 +31,8 @@ from dynask.control_plane.api.app import build_app
 from dynask.control_plane.disagg.orchestrator import DisaggOptions
 from dynask.control_plane.observability.http_tracing import TraceRequests
 from dynask.control_plane.reliability.options import ReliabilityOptions
-from dynask.control_plane.routing.model_routing import ModelRouting, RoutingOptions
+from dynask.control_plane.routing.model_routing import ModelRouting
+from dynask.control_plane.routing.routing_options import RoutingOptions
 from dynask.control_plane.serving.actor_handle import ActorHandle
 from dynask.control_plane.serving.metrics import ServingMetrics
 from dynask.control_plane.serving.service import ServingService

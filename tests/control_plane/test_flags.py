@@ -14,7 +14,7 @@ from dynask.control_plane.disagg.orchestrator import DisaggOptions
 from dynask.control_plane.flags import add_flags, flags_of, options_from, origins
 from dynask.control_plane.planner.decision import PlannerConfig
 from dynask.control_plane.reliability.options import ReliabilityOptions
-from dynask.control_plane.routing.model_routing import RoutingOptions
+from dynask.control_plane.routing.routing_options import RoutingOptions
 from dynask.control_plane.server import ServerOptions
 
 OPTIONS = [

@@ -17,7 +17,8 @@ from dynask.actors.api.actor_info import ActorInfo
 from dynask.actors.api.outputs import FinishReason, RequestOutput
 from dynask.actors.runtime.token_stream import pack_request, read_submission, routed_record
 from dynask.control_plane.routing.kv_router import RoutingDecision
-from dynask.control_plane.routing.model_routing import ModelRouting, Route, RoutingOptions
+from dynask.control_plane.routing.model_routing import ModelRouting, Route
+from dynask.control_plane.routing.routing_options import RoutingOptions
 from dynask.control_plane.serving.actor_handle import ActorHandle
 from dynask.control_plane.serving.metrics import ServingMetrics
 from tests.control_plane.routing_stack import tokens

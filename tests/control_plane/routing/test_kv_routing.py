@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from dynask.actors.api.sampling_params import SamplingParams
-from dynask.control_plane.routing.model_routing import RoutingOptions
+from dynask.control_plane.routing.routing_options import RoutingOptions
 from tests.control_plane.routing_stack import (
     MODEL,
     Stack,

@@ -14,8 +14,8 @@ from pytest import approx
 from dynask.actors.api.outputs import FinishReason, RequestOutput
 from dynask.actors.runtime.routed_requests import RoutedRequests
 from dynask.actors.runtime.token_stream import pack_request, read_submission, routed_record
-from dynask.control_plane.routing.model_routing import RoutingOptions
 from dynask.control_plane.routing.peer_routings import PeerRouting, RoutingNote
+from dynask.control_plane.routing.routing_options import RoutingOptions
 from tests.control_plane.routing.replica_script import (
     C1,
     SCRIPT,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from dynask.control_plane.routing.model_routing import RoutingOptions
+from dynask.control_plane.routing.routing_options import RoutingOptions
 from tests.control_plane.routing_stack import (
     MODEL,
     Stack,

@@ -12,7 +12,8 @@ from dataclasses import replace
 
 import pytest
 
-from dynask.control_plane.routing.model_routing import ModelRouting, RoutingOptions
+from dynask.control_plane.routing.model_routing import ModelRouting
+from dynask.control_plane.routing.routing_options import RoutingOptions
 from dynask.control_plane.serving.actor_handle import ActorHandle
 from dynask.control_plane.serving.metrics import ServingMetrics
 from dynask.kv.events import BlockRemoved, BlockStored, KVEventRecord

@@ -26,7 +26,8 @@ import pytest
 
 from dynask.actors.api.actor_info import ActorInfo
 from dynask.control_plane.routing.kv_router import RoutingDecision
-from dynask.control_plane.routing.model_routing import ModelRouting, RoutingOptions
+from dynask.control_plane.routing.model_routing import ModelRouting
+from dynask.control_plane.routing.routing_options import RoutingOptions
 from dynask.control_plane.serving.actor_handle import ActorHandle
 from dynask.control_plane.serving.metrics import ServingMetrics
 from tests.control_plane.routing.replica_script import (

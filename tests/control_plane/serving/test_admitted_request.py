@@ -22,7 +22,8 @@ import pytest
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.control_plane.disagg.orchestrator import DisaggOptions, DisaggOrchestrator
 from dynask.control_plane.reliability.options import ReliabilityOptions
-from dynask.control_plane.routing.model_routing import ModelRouting, RoutingOptions
+from dynask.control_plane.routing.model_routing import ModelRouting
+from dynask.control_plane.routing.routing_options import RoutingOptions
 from dynask.control_plane.serving.admission import Admission, AdmissionRefusedError
 from dynask.control_plane.serving.admitted_request import AdmittedRequest
 from dynask.control_plane.serving.errors import UnavailableError

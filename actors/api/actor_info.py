@@ -36,6 +36,10 @@ class ActorInfo:
     kv_transfer_address: str | None = None  # set once a prefill/decode listener is open
     # SamplingParams keywords for fields a request leaves out (``sampling_defaults``).
     sampling_defaults: dict[str, Any] = field(default_factory=dict)
+    # True: its ``prefill_remote`` takes ``routed`` and passes the prefill on to its other
+    # readers (router replicas). An actor from before that sends no such field: False, and
+    # a control plane calls it without ``routed``.
+    shares_prefill_routings: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:

@@ -115,6 +115,7 @@ class EngineActor(KVTransferMethods):
             kv_protected_share=float(getattr(engine, "kv_protected_share", 0.0)),
             tokenizer_files=await asyncio.to_thread(_tokenizer_files, engine),
             sampling_defaults=dict(getattr(engine, "sampling_defaults", {})),
+            shares_prefill_routings=True,
         ).to_dict()
         return self._info
 

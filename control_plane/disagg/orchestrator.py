@@ -30,7 +30,9 @@ Design decisions:
   routed``), and the prefill actor passes it to its other readers, so the other control
   planes count the prefill in that actor's ``peer_load`` and score it as this one does
   (``actors.runtime.kv_transfer_actor``), and ``max_prefills_per_actor`` bounds the
-  prefills of all of them together.
+  prefills of all of them together. A prefill actor from before that (no
+  ``shares_prefill_routings`` in its info) is called without the note: it prefills, and
+  the other control planes do not hear of it.
 """
 
 from __future__ import annotations
@@ -230,9 +232,12 @@ class DisaggOrchestrator:
         }
         span = self.tracer.start_span("remote_prefill", attributes=attributes)
         try:
-            blocks = await plan.prefill_actor.proxy.prefill_remote(
-                ticket, packed, self.options.transfer_timeout_s, plan.routed()
-            )
+            proxy, timeout_s = plan.prefill_actor.proxy, self.options.transfer_timeout_s
+            routed = plan.routed()
+            if routed is None or not plan.prefill_actor.info.shares_prefill_routings:
+                blocks = await proxy.prefill_remote(ticket, packed, timeout_s)  # older actors too
+            else:
+                blocks = await proxy.prefill_remote(ticket, packed, timeout_s, routed)
         except Exception as exc:  # the decode actor falls back; say why in the log
             span.record_exception(exc)
             span.set_status(Status(StatusCode.ERROR, "remote prefill failed; decode prefills"))

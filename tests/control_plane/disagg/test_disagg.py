@@ -115,8 +115,11 @@ def test_prefix_cached_on_decode_moves_only_missing_blocks(tokenizer_folder: Pat
 
 
 @asynccontextmanager
-async def mockers(folder: Path, args: list[dict[str, Any]]) -> AsyncIterator[list[Any]]:
-    """Started mocker actors ``mock-0`` ... on an in-process cluster, one per ``args``."""
+async def mockers(
+    folder: Path, args: list[dict[str, Any]], classes: list[type] | None = None
+) -> AsyncIterator[list[Any]]:
+    """Started mocker actors ``mock-0`` ... on an in-process cluster, one per ``args``, of
+    ``classes`` where given (default: ``EngineActor``)."""
     async with (
         LocalCluster(
             n_workers=1, processes=False, asynchronous=True, dashboard_address=None
@@ -127,7 +130,13 @@ async def mockers(folder: Path, args: list[dict[str, Any]]) -> AsyncIterator[lis
         for index, engine_args in enumerate(args):
             spec = EngineSpec("mocker", str(folder), engine_args={**FAST_MOCKER, **engine_args})
             proxies.append(
-                await client.submit(EngineActor, spec, f"mock-{index}", actor=True, pure=False)
+                await client.submit(
+                    EngineActor if classes is None else classes[index],
+                    spec,
+                    f"mock-{index}",
+                    actor=True,
+                    pure=False,
+                )
             )
         try:
             yield proxies

@@ -3,16 +3,19 @@ prefill and decode actors (a real in-process Dask cluster, mocker actors, HTTP a
 official client). A remote prefill one of them plans is counted by the other on the
 prefill actor until the prefill is over, as the decode request is on the decode actor;
 a request aborted before its KV came ends there too; the prefills-per-actor bound holds
-for both control planes together."""
+for both control planes together; a prefill actor of the release before that still
+prefills for them."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from dynask.actors.runtime.engine_actor import EngineActor
 from dynask.control_plane.disagg.orchestrator import DisaggOptions
 from dynask.control_plane.reliability.options import ReliabilityOptions
 from tests.actors.engine.helpers import prompts_of_lengths
@@ -155,3 +158,42 @@ def test_a_departed_control_planes_disaggregated_requests_are_aborted(
             await asyncio.gather(*replies, return_exceptions=True)
 
     asyncio.run(main())
+
+
+class PrefillActorBeforeSharing(EngineActor):
+    """A prefill actor of the release before prefills were shared between control planes
+    (a rolling upgrade that started with the control planes): no
+    ``shares_prefill_routings`` in its info, no ``routed`` argument to ``prefill_remote``."""
+
+    async def start(self) -> dict[str, Any]:
+        info = await super().start()
+        return {key: value for key, value in info.items() if key != "shares_prefill_routings"}
+
+    async def prefill_remote(  # type: ignore[override]  # the old signature
+        self, ticket: bytes, packed_request: bytes, timeout_s: float | None = None
+    ) -> int:
+        return await super().prefill_remote(ticket, packed_request, timeout_s)
+
+
+@pytest.mark.slow  # as the test above
+def test_a_prefill_actor_from_before_sharing_still_prefills(tokenizer_folder: Path) -> None:
+    """Called without ``routed``: before, every remote prefill of a newer control plane
+    failed on the unexpected argument and the decode actor prefilled instead."""
+    options = DisaggOptions(min_remote_prefill_tokens=1)
+    prompt = prompts_of_lengths([120], seed=11)[0]
+
+    async def main() -> tuple[dict[str, int], bool, int]:
+        async with (
+            mockers(tokenizer_folder, [{}, {}], [PrefillActorBeforeSharing, EngineActor]) as px,
+            serving_stack(px, disagg=options, roles=ROLES) as first,
+            serving_stack(px, disagg=options, roles=ROLES) as second,
+        ):
+            completion = await first.complete(prompt)
+            assert completion.usage is not None
+            shares = first.handle("mock-0").info.shares_prefill_routings
+            return dict(first.service.disagg.counters), shares, len(second.handles)
+
+    counters, shares, peers = asyncio.run(main())
+    assert not shares
+    assert peers == 2
+    assert counters == {"remote_prefills": 1, "blocks_moved": 7}

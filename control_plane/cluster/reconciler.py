@@ -6,7 +6,9 @@ plane's client uses ``direct_to_workers=True``: actor calls then go straight to 
 instead of through the scheduler (measured here 2–3x faster).
 
 The reconciler makes the cluster match the desired deployments: each replica is one
-``EngineActor`` on its own worker (a worker with a ``GPU`` resource gives one GPU to it).
+``EngineActor`` on its own worker (a worker with a ``GPU`` resource gives one GPU to it);
+a start that fails goes on to the next free worker (a model folder may exist on some
+hosts only; ``failed_starts``), and one deployment failing stops no other.
 It runs every ``RECONCILE_INTERVAL_S`` and at once when ``actor_health`` reports a lost
 actor or a worker joining or leaving; a replaced actor gets a new name (its old key may
 still be known to the scheduler). Actors are published on the scheduler, so a restarted
@@ -36,9 +38,10 @@ from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from dynask.actors.api.actor_info import ActorInfo
-from dynask.actors.runtime.engine_actor import EngineActor
 from dynask.actors.runtime.gpu_discovery import GPUDiscoveryPlugin
 from dynask.control_plane.cluster import adoption as actor_adoption
+from dynask.control_plane.cluster.actor_start import create_actor, with_kv_listener
+from dynask.control_plane.cluster.failed_starts import FailedStarts
 from dynask.control_plane.cluster.gpu_placement import WorkerPlacement, embedded_cluster
 from dynask.control_plane.cluster.leadership import ControlPlaneRole, DatasetTermStore, Lease
 from dynask.control_plane.cluster.placement_rules import may_place
@@ -56,7 +59,6 @@ log = logging.getLogger(__name__)
 
 RECONCILE_INTERVAL_S = 5.0
 FOLLOW_INTERVAL_S = 1.0  # how soon a follower serves an actor the leader started
-ACTOR_START_TIMEOUT_S = 900.0  # creating an actor and loading its model
 
 
 ActorEventHook = Callable[[str, str, dict[str, Any]], None]
@@ -106,6 +108,7 @@ class ClusterRuntime:
         self._lease_task: asyncio.Task[None] | None = None
         self._ignored: set[str] = set()  # published actors of deployments not ours
         self._lost: set[str] = set()  # never adopted again (a name is never reused)
+        self._failed_starts = FailedStarts()  # tried elsewhere first (``failed_starts``)
 
     @property
     def role(self) -> ControlPlaneRole:
@@ -169,6 +172,7 @@ class ClusterRuntime:
         """Replaces the desired state; the next ``reconcile`` acts on it."""
         if list(deployments) != self.deployments:
             self._ignored.clear()  # a deployment added or changed may want them now
+            self._failed_starts.clear()  # and may start where it failed before
         self.deployments = list(deployments)
 
     async def reconcile(self) -> None:
@@ -187,12 +191,33 @@ class ClusterRuntime:
             if placement is not None:
                 self.deployments = placement.wanted(self.deployments, await self._workers())
             await self._stop_surplus()
+            short: list[Exception] = []  # why a deployment is still short of replicas
             for deployment in self.deployments:
-                missing = deployment.replicas - self.served.count(deployment.name)
-                served = placement.pools if placement is not None else ()
-                free = [w for w in await self._free_workers() if may_place(deployment, w, served)]
-                for worker in free[: max(0, missing)]:
-                    await self._start_actor(deployment, worker)
+                failure = await self._start_missing(deployment)
+                if failure is not None:
+                    short.append(failure)
+            if short:  # after every deployment had its turn: one failing stops no other
+                raise short[0]
+
+    async def _start_missing(self, deployment: DeploymentSpec) -> Exception | None:
+        """Starts the deployment's missing replicas on free workers, the next one after a
+        failed start (``failed_starts``); the last failure if replicas are still missing."""
+        missing = deployment.replicas - self.served.count(deployment.name)
+        served = self.placement.pools if self.placement is not None else ()
+        free = [w for w in await self._free_workers() if may_place(deployment, w, served)]
+        failure: Exception | None = None
+        for worker in self._failed_starts.order(deployment.name, free) if missing > 0 else []:
+            try:
+                await self._start_actor(deployment, worker)
+            except Exception as exc:  # logged and recorded as an actor event there
+                self._failed_starts.record(deployment.name, str(worker["address"]))
+                failure = exc
+                continue
+            self._failed_starts.started(deployment.name, str(worker["address"]))
+            missing -= 1
+            if missing == 0:
+                return None
+        return failure
 
     async def _follow(self) -> None:
         """A follower's round: the stored desired state, the leader's actors."""
@@ -266,39 +291,19 @@ class ClusterRuntime:
         assert self.client is not None
         name = self._actor_name(deployment.name)
         address = str(worker["address"])
-        resources = {"GPU": 1} if worker.get("resources", {}).get("GPU") else None
+        resources = dict(worker.get("resources", {}))
+        worker_name = str(worker.get("name", address))
+        details = {"worker": address, "deployment": deployment.name}
         self._on_actor_event(
-            name,
-            "starting",
-            {
-                "worker": address,
-                "deployment": deployment.name,
-                "worker_name": str(worker.get("name", address)),
-                "resources": dict(worker.get("resources", {})),
-            },
+            name, "starting", {**details, "worker_name": worker_name, "resources": resources}
         )
         try:
-            future = self.client.submit(
-                EngineActor,
-                engine_spec(deployment),
-                name,
-                actor=True,
-                workers=[address],
-                allow_other_workers=False,
-                resources=resources,
-                key=name,
-                pure=False,
-            )
-            proxy = await asyncio.wait_for(future, ACTOR_START_TIMEOUT_S)
-            answer = await asyncio.wait_for(proxy.start(), ACTOR_START_TIMEOUT_S)
-            info = await self._with_kv_listener(proxy, deployment.role, ActorInfo.from_dict(answer))
-            handle = ActorHandle(
-                name=name, deployment=deployment.name, proxy=proxy, info=info, role=deployment.role
-            )
+            spec = engine_spec(deployment)
+            proxy, future, info = await create_actor(self.client, spec, name, worker)
+            info = await self._with_kv_listener(proxy, deployment.role, info)
+            handle = ActorHandle(name, deployment.name, proxy, info, role=deployment.role)
             await handle.connect()
-            await actor_adoption.publish(
-                self.client, name, deployment.name, engine_spec(deployment), future
-            )
+            await actor_adoption.publish(self.client, name, deployment.name, spec, future)
         except Exception as exc:
             log.error("engine actor %s failed to start on %s: %s", name, address, exc)
             self._on_actor_event(name, "failed", {"worker": address, "error": str(exc)})
@@ -310,13 +315,7 @@ class ClusterRuntime:
         log.info("engine actor %s ready on %s (stream %s)", name, address, info.stream_address)
 
     async def _with_kv_listener(self, proxy: Any, role: Role, info: ActorInfo) -> ActorInfo:
-        """A prefill or decode actor's info with its KV listener's address (opened once;
-        an adopted actor answers with the one it has)."""
-        if role == Role.AGGREGATED:
-            return info
-        transport = self.service.disagg.options.transport
-        address = await asyncio.wait_for(proxy.open_kv_transfer(transport), ACTOR_START_TIMEOUT_S)
-        return info.with_kv_transfer(address)
+        return await with_kv_listener(proxy, role, info, self.service.disagg.options.transport)
 
     def _actor_name(self, deployment: str) -> str:
         index = 0

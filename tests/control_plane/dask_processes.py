@@ -32,10 +32,12 @@ class DaskProcesses:
         self.scheduler = sp.start([str(sp.BIN / "dask"), *argv], self.folder / "scheduler.log")
         return self.address
 
-    def start_worker(self, name: str, extra_env: dict[str, str] | None = None) -> str:
+    def start_worker(
+        self, name: str, extra_env: dict[str, str] | None = None, port: int | None = None
+    ) -> str:
         """Starts a worker process (one thread, no nanny) with ``extra_env`` added to its
-        environment; returns its address."""
-        port = sp.free_port()
+        environment, on ``port`` (default: a free one); returns its address."""
+        port = sp.free_port() if port is None else port
         argv = [
             *("worker", self.address, "--name", name, "--nthreads", "1", "--no-dashboard"),
             *("--memory-limit", "0", "--no-nanny", "--host", "127.0.0.1"),

@@ -6,7 +6,9 @@ deployment; the second, started after it, runs with a HOME of its own that holds
 ``~/models/smol`` (a copy of the bundled model's folder), which neither the control
 plane's host nor the first worker has. The admin form takes that path (it is asked of
 the workers), the deployment's actor loads it on the second worker and serves the
-``openai`` client; a path no host has is refused, naming where it was looked for.
+``openai`` client; a path no host has is refused, naming where it was looked for. With
+both workers free, a deploy file's deployment of that path fails on the worker tried
+first and starts on the one that has it.
 """
 
 from __future__ import annotations
@@ -108,5 +110,46 @@ def test_a_path_only_a_worker_has_is_deployed_there(
 
         assert placed == {"smol-0": with_model}
         assert completion.usage is not None and completion.usage.completion_tokens == 5
+    finally:
+        sp.stop(proc)
+
+
+def test_a_start_that_fails_on_one_worker_goes_on_to_the_next(
+    dask_cluster: DaskProcesses,  # noqa: F811
+    tmp_path: Path,
+    smollm2_folder: Path,
+) -> None:
+    """The reconciler tries free workers in address order: the one without the model
+    first. Before, its failure ended the round and every round tried that worker again."""
+    worker_home = tmp_path / "worker-home"
+    shutil.copytree(smollm2_folder, worker_home / "models" / "smol")
+    ports = sorted((sp.free_port(), sp.free_port()), key=lambda port: f"tcp://127.0.0.1:{port}")
+    plain = dask_cluster.start_worker("plain", port=ports[0])
+    with_model = dask_cluster.start_worker("with-model", {"HOME": str(worker_home)}, ports[1])
+    with Client(dask_cluster.address, timeout=60) as dask:
+        dask.wait_for_workers(2, timeout=60)
+    deploy = DEPLOY.replace("echo", "mocker").format(model=WORKER_MODEL).replace("first", "smol")
+    (tmp_path / "deploy.yaml").write_text(deploy)
+    port = sp.free_port()
+    base = f"http://127.0.0.1:{port}"
+    argv = [str(sp.BIN / "dynask"), "serve", "--scheduler", dask_cluster.address]
+    argv += ["--port", str(port), "--no-require-api-key", "-f", str(tmp_path / "deploy.yaml")]
+    argv += ["--database-url", f"sqlite:///{tmp_path / 'state.db'}"]
+    log = tmp_path / "serve.log"
+    proc = sp.start(argv, log)
+    try:
+        sp.wait_healthy(base, proc, log)
+        deadline = time.monotonic() + 120
+        while not _ready_workers(base, "smol") and time.monotonic() < deadline:
+            time.sleep(0.25)
+        placed = _ready_workers(base, "smol")
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+        completion = client.completions.create(
+            model="smol", prompt="The sky is", max_tokens=5, extra_body={"ignore_eos": True}
+        )
+
+        assert placed == {"smol-1": with_model}  # smol-0 failed on the plain worker
+        assert completion.usage is not None and completion.usage.completion_tokens == 5
+        assert f"engine actor smol-0 failed to start on {plain}" in log.read_text()
     finally:
         sp.stop(proc)

@@ -8,7 +8,7 @@ instead of through the scheduler (measured here 2–3x faster).
 The reconciler makes the cluster match the desired deployments: each replica is one
 ``EngineActor`` on its own worker (a worker with a ``GPU`` resource gives one GPU to it);
 a start that fails goes on to the next free worker (a model folder may exist on some
-hosts only; ``failed_starts``), and one deployment failing stops no other.
+hosts only; ``placement_rules.FailedStarts``), and one deployment failing stops no other.
 It runs every ``RECONCILE_INTERVAL_S`` and at once when ``actor_health`` reports a lost
 actor or a worker joining or leaving; a replaced actor gets a new name (its old key may
 still be known to the scheduler). Actors are published on the scheduler, so a restarted
@@ -40,12 +40,10 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from dynask.actors.api.actor_info import ActorInfo
 from dynask.actors.runtime.gpu_discovery import GPUDiscoveryPlugin
 from dynask.control_plane.cluster import adoption as actor_adoption
-from dynask.control_plane.cluster.actor_start import create_actor, with_kv_listener
-from dynask.control_plane.cluster.failed_starts import FailedStarts
 from dynask.control_plane.cluster.gpu_placement import WorkerPlacement, embedded_cluster
 from dynask.control_plane.cluster.leadership import ControlPlaneRole, DatasetTermStore, Lease
-from dynask.control_plane.cluster.placement_rules import may_place
-from dynask.control_plane.cluster.plan import engine_spec
+from dynask.control_plane.cluster.placement_rules import FailedStarts, may_place
+from dynask.control_plane.cluster.plan import create_actor, engine_spec, with_kv_listener
 from dynask.control_plane.cluster.pools import PoolPlacement
 from dynask.control_plane.cluster.retiring import drain, newest_first, stop_quietly
 from dynask.control_plane.cluster.served_actors import ServedActors
@@ -108,7 +106,7 @@ class ClusterRuntime:
         self._lease_task: asyncio.Task[None] | None = None
         self._ignored: set[str] = set()  # published actors of deployments not ours
         self._lost: set[str] = set()  # never adopted again (a name is never reused)
-        self._failed_starts = FailedStarts()  # tried elsewhere first (``failed_starts``)
+        self._failed_starts = FailedStarts()  # tried elsewhere first (``FailedStarts``)
 
     @property
     def role(self) -> ControlPlaneRole:
@@ -201,7 +199,7 @@ class ClusterRuntime:
 
     async def _start_missing(self, deployment: DeploymentSpec) -> Exception | None:
         """Starts the deployment's missing replicas on free workers, the next one after a
-        failed start (``failed_starts``); the last failure if replicas are still missing."""
+        failed start (``FailedStarts``); the last failure if replicas are still missing."""
         missing = deployment.replicas - self.served.count(deployment.name)
         served = self.placement.pools if self.placement is not None else ()
         free = [w for w in await self._free_workers() if may_place(deployment, w, served)]

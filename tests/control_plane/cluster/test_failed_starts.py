@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dynask.control_plane.cluster.failed_starts import RETRY_AFTER_S, FailedStarts
+from dynask.control_plane.cluster.placement_rules import RETRY_AFTER_S, FailedStarts
 
 
 class Clock:

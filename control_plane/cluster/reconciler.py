@@ -189,22 +189,20 @@ class ClusterRuntime:
             if placement is not None:
                 self.deployments = placement.wanted(self.deployments, await self._workers())
             await self._stop_surplus()
-            short: list[Exception] = []  # why a deployment is still short of replicas
-            for deployment in self.deployments:
-                failure = await self._start_missing(deployment)
-                if failure is not None:
-                    short.append(failure)
-            if short:  # after every deployment had its turn: one failing stops no other
-                raise short[0]
+            failures = [f for d in self.deployments if (f := await self._start_missing(d))]
+            if failures:  # after every deployment had its turn: one failing stops no other
+                raise failures[0]
 
     async def _start_missing(self, deployment: DeploymentSpec) -> Exception | None:
         """Starts the deployment's missing replicas on free workers, the next one after a
         failed start (``FailedStarts``); the last failure if replicas are still missing."""
         missing = deployment.replicas - self.served.count(deployment.name)
+        if missing <= 0:  # no scheduler call for a deployment that has its replicas
+            return None
         served = self.placement.pools if self.placement is not None else ()
         free = [w for w in await self._free_workers() if may_place(deployment, w, served)]
         failure: Exception | None = None
-        for worker in self._failed_starts.order(deployment.name, free) if missing > 0 else []:
+        for worker in self._failed_starts.order(deployment.name, free):
             try:
                 await self._start_actor(deployment, worker)
             except Exception as exc:  # logged and recorded as an actor event there
@@ -289,11 +287,15 @@ class ClusterRuntime:
         assert self.client is not None
         name = self._actor_name(deployment.name)
         address = str(worker["address"])
-        resources = dict(worker.get("resources", {}))
-        worker_name = str(worker.get("name", address))
-        details = {"worker": address, "deployment": deployment.name}
         self._on_actor_event(
-            name, "starting", {**details, "worker_name": worker_name, "resources": resources}
+            name,
+            "starting",
+            {
+                "worker": address,
+                "deployment": deployment.name,
+                "worker_name": str(worker.get("name", address)),
+                "resources": dict(worker.get("resources", {})),
+            },
         )
         try:
             spec = engine_spec(deployment)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import html
 import re
 import shutil
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,43 @@ def _ready_workers(base: str, deployment: str) -> dict[str, str]:
     return {e["name"]: e["worker"] for e in _engines(base) if e["deployment"] == deployment}
 
 
+def _serve(
+    dask_cluster: DaskProcesses,  # noqa: F811
+    tmp_path: Path,
+    deploy: str,
+    env: dict[str, str] | None = None,
+) -> tuple[subprocess.Popen[bytes], str, Path]:
+    """``dynask serve`` of ``deploy`` on the cluster: (process, base URL, log), healthy."""
+    (tmp_path / "deploy.yaml").write_text(deploy)
+    port = sp.free_port()
+    base = f"http://127.0.0.1:{port}"
+    argv = [str(sp.BIN / "dynask"), "serve", "--scheduler", dask_cluster.address]
+    argv += ["--port", str(port), "--no-require-api-key", "-f", str(tmp_path / "deploy.yaml")]
+    argv += ["--database-url", f"sqlite:///{tmp_path / 'state.db'}"]
+    log = tmp_path / "serve.log"
+    proc = sp.start(argv, log, env)
+    try:
+        sp.wait_healthy(base, proc, log)
+    except BaseException:
+        sp.stop(proc)
+        raise
+    return proc, base, log
+
+
+def _placed_and_served(base: str, deployment: str) -> tuple[dict[str, str], int | None]:
+    """Waits (up to 120 s) for ``deployment``'s ready actors, then asks it for 5 tokens:
+    (its actors by worker, as ``_ready_workers``; the tokens the ``openai`` client got)."""
+    deadline = time.monotonic() + 120
+    while not _ready_workers(base, deployment) and time.monotonic() < deadline:
+        time.sleep(0.25)
+    placed = _ready_workers(base, deployment)
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+    completion = client.completions.create(
+        model=deployment, prompt="The sky is", max_tokens=5, extra_body={"ignore_eos": True}
+    )
+    return placed, None if completion.usage is None else completion.usage.completion_tokens
+
+
 def test_a_path_only_a_worker_has_is_deployed_there(
     dask_cluster: DaskProcesses,  # noqa: F811
     tmp_path: Path,
@@ -73,16 +111,9 @@ def test_a_path_only_a_worker_has_is_deployed_there(
     shutil.copytree(smollm2_folder, worker_home / "models" / "smol")
     assert not Path(WORKER_MODEL).expanduser().exists()  # not on this host
     dask_cluster.start_worker("plain")
-    (tmp_path / "deploy.yaml").write_text(DEPLOY.format(model=smollm2_folder))
-    port = sp.free_port()
-    base = f"http://127.0.0.1:{port}"
-    argv = [str(sp.BIN / "dynask"), "serve", "--scheduler", dask_cluster.address]
-    argv += ["--port", str(port), "--no-require-api-key", "-f", str(tmp_path / "deploy.yaml")]
-    argv += ["--database-url", f"sqlite:///{tmp_path / 'state.db'}"]
-    log = tmp_path / "serve.log"
-    proc = sp.start(argv, log, {"DYNASK_ADMIN_PASSWORD": PASSWORD})
-    try:
-        sp.wait_healthy(base, proc, log)  # ``first`` holds the plain worker
+    deploy = DEPLOY.format(model=smollm2_folder)
+    proc, base, _ = _serve(dask_cluster, tmp_path, deploy, {"DYNASK_ADMIN_PASSWORD": PASSWORD})
+    try:  # ``first`` holds the plain worker
         with_model = dask_cluster.start_worker("with-model", {"HOME": str(worker_home)})
         with Client(dask_cluster.address, timeout=60) as dask:
             dask.wait_for_workers(2, timeout=60)
@@ -99,17 +130,10 @@ def test_a_path_only_a_worker_has_is_deployed_there(
                 "all 2 workers)"
             }
             assert created.status_code == 303, _field_errors(created.text)
-        deadline = time.monotonic() + 120
-        while not _ready_workers(base, "smol") and time.monotonic() < deadline:
-            time.sleep(0.25)
-        placed = _ready_workers(base, "smol")
-        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
-        completion = client.completions.create(
-            model="smol", prompt="The sky is", max_tokens=5, extra_body={"ignore_eos": True}
-        )
+        placed, tokens = _placed_and_served(base, "smol")
 
         assert placed == {"smol-0": with_model}
-        assert completion.usage is not None and completion.usage.completion_tokens == 5
+        assert tokens == 5
     finally:
         sp.stop(proc)
 
@@ -129,27 +153,12 @@ def test_a_start_that_fails_on_one_worker_goes_on_to_the_next(
     with Client(dask_cluster.address, timeout=60) as dask:
         dask.wait_for_workers(2, timeout=60)
     deploy = DEPLOY.replace("echo", "mocker").format(model=WORKER_MODEL).replace("first", "smol")
-    (tmp_path / "deploy.yaml").write_text(deploy)
-    port = sp.free_port()
-    base = f"http://127.0.0.1:{port}"
-    argv = [str(sp.BIN / "dynask"), "serve", "--scheduler", dask_cluster.address]
-    argv += ["--port", str(port), "--no-require-api-key", "-f", str(tmp_path / "deploy.yaml")]
-    argv += ["--database-url", f"sqlite:///{tmp_path / 'state.db'}"]
-    log = tmp_path / "serve.log"
-    proc = sp.start(argv, log)
+    proc, base, log = _serve(dask_cluster, tmp_path, deploy)
     try:
-        sp.wait_healthy(base, proc, log)
-        deadline = time.monotonic() + 120
-        while not _ready_workers(base, "smol") and time.monotonic() < deadline:
-            time.sleep(0.25)
-        placed = _ready_workers(base, "smol")
-        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
-        completion = client.completions.create(
-            model="smol", prompt="The sky is", max_tokens=5, extra_body={"ignore_eos": True}
-        )
+        placed, tokens = _placed_and_served(base, "smol")
 
         assert placed == {"smol-1": with_model}  # smol-0 failed on the plain worker
-        assert completion.usage is not None and completion.usage.completion_tokens == 5
+        assert tokens == 5
         assert f"engine actor smol-0 failed to start on {plain}" in log.read_text()
     finally:
         sp.stop(proc)

@@ -38,8 +38,8 @@ from dynask.actors.backends.mocker_config import MockerConfig
 from dynask.actors.engine.config import EngineConfig
 from dynask.actors.engine.engine import LLMEngine
 from dynask.actors.engine.engine_parts import EngineParts
-from dynask.actors.engine.kv_manager import KVCacheManager
-from dynask.actors.engine.kv_sizing import KVCachePlan
+from dynask.actors.engine.kv_cache.manager import KVCacheManager
+from dynask.actors.engine.kv_cache.sizing import KVCachePlan
 from dynask.actors.engine.model_config import ModelConfig
 from dynask.actors.engine.scheduler import ScheduledChunk
 from dynask.actors.engine.sequence import Sequence

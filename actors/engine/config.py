@@ -19,7 +19,7 @@ class EngineConfig:
 
     ``kv_cache_gib`` sizes the KV cache on a CPU; on a GPU this engine's weights, activation
     peak and cache take at most ``gpu_memory_utilization`` of the device's total memory
-    (vLLM's meaning; ``actors.engine.kv_sizing``), so engines on one GPU add up to <= 1.
+    (vLLM's meaning; ``actors.engine.kv_cache.sizing``), so engines on one GPU add up to <= 1.
     ``num_kv_blocks`` overrides both (tests use it for tiny budgets). ``max_model_len``
     defaults to the model's own limit and is clamped to what the cache can hold. On CUDA,
     ``cuda_graphs`` captures decode steps of 1 to ``max_num_seqs`` rows at start-up (off:
@@ -38,7 +38,7 @@ class EngineConfig:
     (``cuda.prefill_graph``). Off runs exactly the kernels and code paths of before, with
     no extra compile or capture. A CPU device never takes these paths, whatever the flag.
     ``kv_host_gb`` / ``kv_disk_gb`` (10^9 bytes; 0 = off) add the offload tiers below the
-    KV cache (``actors.engine.kv_tiers``); disk blocks live under ``kv_disk_path``
+    KV cache (``actors.engine.kv_cache.tiers``); disk blocks live under ``kv_disk_path``
     (default ``$DYNASK_CACHE_DIR/kv-blocks``), and only blocks used at least
     ``kv_disk_min_uses`` times are written there.
     """

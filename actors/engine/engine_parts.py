@@ -10,9 +10,9 @@ from typing import Any, Protocol
 import torch
 
 from dynask.actors.engine.config import EngineConfig
-from dynask.actors.engine.kv_manager import KVCacheManager
-from dynask.actors.engine.kv_sizing import KVCachePlan, plan_kv_cache
-from dynask.actors.engine.kv_tiers import build_kv_offload
+from dynask.actors.engine.kv_cache.manager import KVCacheManager
+from dynask.actors.engine.kv_cache.sizing import KVCachePlan, plan_kv_cache
+from dynask.actors.engine.kv_cache.tiers import build_kv_offload
 from dynask.actors.engine.loader import (
     eos_token_ids,
     load_hf_config,

@@ -24,7 +24,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from dynask.actors.api.outputs import FinishReason
-from dynask.actors.engine.kv_manager import NO_HIT, KVCacheManager
+from dynask.actors.engine.kv_cache.manager import NO_HIT, KVCacheManager
 from dynask.actors.engine.sequence import Sequence, SequenceStatus
 
 

@@ -3,7 +3,7 @@
 Design decisions:
 
 - The decode actor owns the request from the moment it accepts a ticket. It reserves
-  blocks (``kv_handoff.reserve_import``), registers the transfer with its transport, and
+  blocks (``kv_cache.handoff.reserve_import``), registers the transfer with its transport, and
   a task waits for the KV. Whatever happens next — the KV arrives, the transfer breaks,
   the timeout passes, the control plane cancels it because the prefill failed — that
   task ends by queueing the request on the engine (as a prefix hit on the moved blocks,
@@ -44,7 +44,7 @@ import torch
 from dynask.actors.api.engine_inputs import check_prompt
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.engine.engine import LLMEngine
-from dynask.actors.engine.kv_handoff import (
+from dynask.actors.engine.kv_cache.handoff import (
     ImportReservation,
     commit_import,
     pin_prefix,

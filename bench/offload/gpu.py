@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from bench.common.report import write_json
-from dynask.actors.engine.kv_tiers import RunnerBlocks
+from dynask.actors.engine.kv_cache.tiers import RunnerBlocks
 from dynask.kv.block_pool import CachedBlock
 from dynask.kv.hashing import SequenceHash
 from dynask.kv.host_tier import HostTier

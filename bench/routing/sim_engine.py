@@ -1,7 +1,7 @@
 """The simulated engine of ``router_sim``: the mocker's scheduler and prefix cache in
 miniature, at its timing (``simulated_step_ms``).
 
-Design decisions (see ``actors/engine/scheduler.py`` and ``kv_manager.py``, which it
+Design decisions (see ``actors/engine/scheduler.py`` and ``kv_cache/manager.py``, which it
 follows):
 
 - A step has ``max_num_batched_tokens``; running sequences go first (a decode takes one

@@ -11,7 +11,7 @@ Design decisions:
   GPU), or an explicit ``--gpu-memory-utilization`` small enough for ``ceil(N / G)``
   engines per GPU. Without a fraction, K engines per GPU get 0.9 / K each. The fractions
   of the engines on one GPU must add up to at most 1 (each engine's fraction bounds its
-  weights + activations + KV cache: ``actors.engine.kv_sizing``); more is refused before
+  weights + activations + KV cache: ``actors.engine.kv_cache.sizing``); more is refused before
   any worker starts, naming the GPU and the sum.
 - A worker added later (the admin UI's "Start a local worker") is pinned round robin
   past the plan (``placement_of``) and checked as ``dynask run`` checks its plan: one

@@ -24,7 +24,7 @@ see its tokens ``k`` at a time, ITL ``k`` times longer per chunk.
 
 from __future__ import annotations
 
-from dynask.actors.engine.kv_manager import KVCacheManager
+from dynask.actors.engine.kv_cache.manager import KVCacheManager
 from dynask.actors.engine.scheduler import SchedulerOutput
 
 

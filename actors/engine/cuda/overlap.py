@@ -47,7 +47,7 @@ from typing import Protocol
 
 import torch
 
-from dynask.actors.engine.kv_manager import KVCacheManager
+from dynask.actors.engine.kv_cache.manager import KVCacheManager
 from dynask.actors.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
 from dynask.actors.engine.sequence import Sequence, SequenceStatus
 from dynask.actors.engine.step_plan import is_decode

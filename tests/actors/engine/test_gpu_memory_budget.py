@@ -12,7 +12,7 @@ import torch
 from transformers import LlamaConfig
 
 from dynask.actors.engine.config import EngineConfig
-from dynask.actors.engine.kv_sizing import (
+from dynask.actors.engine.kv_cache.sizing import (
     DeviceMemory,
     activation_peak_bytes,
     gpu_kv_budget,

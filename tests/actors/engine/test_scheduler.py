@@ -5,7 +5,7 @@ from __future__ import annotations
 from dynask.actors.api.outputs import FinishReason
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.engine.detokenizer import IncrementalDetokenizer
-from dynask.actors.engine.kv_manager import KVCacheManager
+from dynask.actors.engine.kv_cache.manager import KVCacheManager
 from dynask.actors.engine.scheduler import Scheduler, SchedulerConfig
 from dynask.actors.engine.sequence import Sequence, SequenceStatus
 from dynask.kv.block_pool import BlockPool

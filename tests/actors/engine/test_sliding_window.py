@@ -15,7 +15,7 @@ import torch
 
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.engine.config import EngineConfig
-from dynask.actors.engine.kv_sizing import plan_kv_cache
+from dynask.actors.engine.kv_cache.sizing import plan_kv_cache
 from dynask.actors.engine.model_config import ModelConfig
 from tests.actors.engine.helpers import (
     hf_greedy,

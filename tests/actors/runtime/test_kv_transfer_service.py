@@ -24,7 +24,7 @@ import torch
 from dynask.actors.api.sampling_params import SamplingParams
 from dynask.actors.backends.mocker import MockerConfig, build_mocker_engine
 from dynask.actors.engine.engine import LLMEngine
-from dynask.actors.engine.kv_handoff import movable_blocks
+from dynask.actors.engine.kv_cache.handoff import movable_blocks
 from dynask.actors.models.tokenizer_folder import load_tokenizer
 from dynask.actors.runtime.kv_transfer_service import KVTransferService, has_paged_cache
 from dynask.kv.transfer import BlockTransport, TransferError, TransferHeader, make_transport

@@ -18,7 +18,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 from dynask.actors.api.sampling_params import SamplingParams
-from dynask.actors.engine.kv_handoff import movable_blocks
+from dynask.actors.engine.kv_cache.handoff import movable_blocks
 from dynask.actors.runtime.engine_actor import EngineActor
 from dynask.actors.runtime.engine_factory import EngineSpec
 from dynask.control_plane.disagg.orchestrator import DisaggOptions

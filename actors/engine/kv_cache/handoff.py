@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dynask.actors.engine.kv_manager import KVCacheManager
+from dynask.actors.engine.kv_cache.manager import KVCacheManager
 from dynask.kv.block_pool import Block
 from dynask.kv.hashing import SequenceHash, chain_hash, local_block_hash
 

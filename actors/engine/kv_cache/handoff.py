@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from dynask.actors.engine.kv_cache.manager import KVCacheManager
 from dynask.kv.block_pool import Block
-from dynask.kv.hashing import SequenceHash, chain_hash, local_block_hash
+from dynask.kv.hashing import SequenceHash
 
 
 @dataclass(frozen=True)
@@ -54,24 +54,11 @@ def movable_blocks(num_prompt_tokens: int, block_size: int) -> int:
     return max(0, (num_prompt_tokens - 1) // block_size)
 
 
-def hash_prompt_blocks(
-    token_ids: list[int], block_size: int, seed: int, num_blocks: int
-) -> tuple[list[list[int]], list[SequenceHash]]:
-    """Tokens and chained hashes of the first ``num_blocks`` full blocks."""
-    chunks = [token_ids[i * block_size : (i + 1) * block_size] for i in range(num_blocks)]
-    hashes: list[SequenceHash] = []
-    parent: SequenceHash | None = None
-    for chunk in chunks:
-        parent = chain_hash(parent, local_block_hash(chunk, seed), seed)
-        hashes.append(parent)
-    return chunks, hashes
-
-
 def reserve_import(kv: KVCacheManager, token_ids: list[int], seed: int) -> ImportReservation | None:
     """Reserves blocks for the prompt's movable blocks; None when nothing needs to move
     (all cached here) or the pool lacks room (the caller prefills locally then)."""
     num_blocks = movable_blocks(len(token_ids), kv.block_size)
-    chunks, hashes = hash_prompt_blocks(token_ids, kv.block_size, seed, num_blocks)
+    chunks, hashes = kv.hash_blocks(token_ids, seed, num_blocks)
     held = kv.pool.get_cached_blocks(hashes, chunks)
     missing = num_blocks - len(held)
     revived = sum(1 for block in held if block.ref_cnt == 0)

@@ -108,7 +108,7 @@ class KVCacheManager:
 
         Device tier only, unless ``lower_tiers`` (then ``PrefixHit.lower`` continues it).
         """
-        chunks, hashes = self._hash_blocks(tokens, seed, len(tokens) // self.block_size)
+        chunks, hashes = self.hash_blocks(tokens, seed, len(tokens) // self.block_size)
         return self._lookup(hashes, chunks, lower_tiers=lower_tiers)
 
     def _lookup(
@@ -150,7 +150,7 @@ class KVCacheManager:
         self, tokens: list[int], seed: int, num_blocks: int, write: Callable[[list[int]], None]
     ) -> int:
         """Allocates ``num_blocks`` blocks, lets ``write`` fill them, caches them, unpins them."""
-        chunks, hashes = self._hash_blocks(tokens, seed, num_blocks)
+        chunks, hashes = self.hash_blocks(tokens, seed, num_blocks)
         if len(chunks) < num_blocks:
             raise ValueError(
                 f"KV for {num_blocks} blocks needs {num_blocks * self.block_size} tokens; "
@@ -164,9 +164,11 @@ class KVCacheManager:
             self.pool.free_request_blocks(blocks)
         return num_blocks
 
-    def _hash_blocks(
+    def hash_blocks(
         self, tokens: list[int], seed: int, num_blocks: int
     ) -> tuple[list[list[int]], list[SequenceHash]]:
+        """Tokens and chained hashes of the first ``num_blocks`` full blocks (fewer if
+        ``tokens`` holds fewer)."""
         chunks = [
             self._chunk(tokens, i) for i in range(min(num_blocks, len(tokens) // self.block_size))
         ]
